@@ -1,0 +1,10 @@
+//! pvio's benchmarks: each one runs its baseline and pvio in the same run and
+//! reports both and their ratio, as a table or (with `--json`) as one JSON
+//! object.
+//!
+//! This crate owns workload generators and measurement; it never defines a
+//! protocol or a policy of its own, it only drives the crates below it.
+
+pub mod report;
+pub mod ring;
+pub mod xenstore;

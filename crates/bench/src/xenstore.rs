@@ -1,0 +1,1 @@
+//! `pvio bench xenstore`: read and write round trips and aggregate read rate.

@@ -1,0 +1,18 @@
+//! One module per `pvio` subcommand.
+
+pub mod bench;
+pub mod hvd;
+pub mod internal;
+pub mod lsevtchn;
+pub mod xenstored;
+
+/// Logs go to stderr, filtered by `PVIO_LOG` (e.g. `PVIO_LOG=debug`), `info` by default.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PVIO_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

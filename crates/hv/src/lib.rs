@@ -1,0 +1,1 @@
+//! pvio hypervisor services (work in progress).

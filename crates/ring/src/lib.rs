@@ -1,0 +1,1 @@
+//! Xen shared rings (work in progress).

@@ -1,0 +1,1 @@
+//! Xenstore (work in progress).

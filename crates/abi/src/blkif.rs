@@ -62,7 +62,9 @@ pub const VDISK_READONLY: u32 = 0x4;
 /// `struct blkif_request_segment`: one granted page and the inclusive
 /// sector range `first_sect..=last_sect` within it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct BlkifRequestSegment {
     pub gref: GrantRef,
     pub first_sect: u8,
@@ -76,7 +78,9 @@ pub struct BlkifRequestSegment {
 /// indirect requests are other views of the same 112 bytes, chosen by
 /// `operation`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct BlkifRequest {
     pub operation: u8,
     pub nr_segments: u8,
@@ -89,7 +93,9 @@ pub struct BlkifRequest {
 
 /// `struct blkif_request_discard`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct BlkifRequestDiscard {
     pub operation: u8,
     pub flag: u8,
@@ -103,7 +109,9 @@ pub struct BlkifRequestDiscard {
 /// `struct blkif_request_indirect`: the segments live in up to eight granted
 /// pages, each an array of [`BlkifRequestSegment`].
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct BlkifRequestIndirect {
     pub operation: u8,
     pub indirect_op: u8,
@@ -119,7 +127,9 @@ pub struct BlkifRequestIndirect {
 
 /// `struct blkif_response`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct BlkifResponse {
     pub id: u64,
     pub operation: u8,

@@ -14,7 +14,9 @@ pub type GrantRef = u32;
 /// barrier) `flags`, which carries the type. The hypervisor sets
 /// [`GTF_READING`]/[`GTF_WRITING`] while the grant is mapped.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct GrantEntryV1 {
     pub flags: u16,
     pub domid: DomId,

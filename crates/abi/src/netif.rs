@@ -101,7 +101,9 @@ pub const XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ: u32 = 1;
 /// `struct netif_tx_request`. The first slot of a packet carries the total
 /// packet size in `size`; later slots carry their fragment sizes.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifTxRequest {
     pub gref: GrantRef,
     pub offset: u16,
@@ -112,7 +114,9 @@ pub struct NetifTxRequest {
 
 /// `struct netif_tx_response`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifTxResponse {
     pub id: u16,
     pub status: i16,
@@ -120,7 +124,9 @@ pub struct NetifTxResponse {
 
 /// `struct netif_rx_request`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifRxRequest {
     pub id: u16,
     pub pad: u16,
@@ -129,7 +135,9 @@ pub struct NetifRxRequest {
 
 /// `struct netif_rx_response`. A positive `status` is the fragment's length.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifRxResponse {
     pub id: u16,
     pub offset: u16,
@@ -139,7 +147,9 @@ pub struct NetifRxResponse {
 
 /// `struct netif_extra_info`; `u` is the union, decoded by the accessors.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifExtraInfo {
     pub type_: u8,
     pub flags: u8,
@@ -148,7 +158,9 @@ pub struct NetifExtraInfo {
 
 /// `netif_extra_info.u.gso`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifExtraGso {
     pub size: u16,
     pub type_: u8,
@@ -158,14 +170,18 @@ pub struct NetifExtraGso {
 
 /// `netif_extra_info.u.mcast`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifExtraMcast {
     pub addr: [u8; 6],
 }
 
 /// `netif_extra_info.u.hash`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct NetifExtraHash {
     pub type_: u8,
     pub algorithm: u8,
@@ -189,7 +205,9 @@ impl NetifExtraInfo {
 
 /// `struct xen_netif_ctrl_request`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct XenNetifCtrlRequest {
     pub id: u16,
     pub type_: u16,
@@ -198,7 +216,9 @@ pub struct XenNetifCtrlRequest {
 
 /// `struct xen_netif_ctrl_response`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct XenNetifCtrlResponse {
     pub id: u16,
     pub type_: u16,
@@ -208,7 +228,9 @@ pub struct XenNetifCtrlResponse {
 
 /// `struct xen_netif_gref`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct XenNetifGref {
     pub ref_: GrantRef,
     pub flags: u16,

@@ -95,9 +95,15 @@ mod tests {
     fn header_is_64_bytes() {
         assert_eq!(core::mem::size_of::<SringHeader>(), SRING_HEADER_SIZE);
         assert_eq!(core::mem::offset_of!(SringHeader, req_prod), SRING_REQ_PROD);
-        assert_eq!(core::mem::offset_of!(SringHeader, req_event), SRING_REQ_EVENT);
+        assert_eq!(
+            core::mem::offset_of!(SringHeader, req_event),
+            SRING_REQ_EVENT
+        );
         assert_eq!(core::mem::offset_of!(SringHeader, rsp_prod), SRING_RSP_PROD);
-        assert_eq!(core::mem::offset_of!(SringHeader, rsp_event), SRING_RSP_EVENT);
+        assert_eq!(
+            core::mem::offset_of!(SringHeader, rsp_event),
+            SRING_RSP_EVENT
+        );
     }
 
     #[test]

@@ -6,7 +6,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 /// `struct xsd_sockmsg`: the 16-byte header before every message payload, in
 /// host byte order.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
 pub struct XsdSockmsg {
     /// One of [`XsdSockmsgType`].
     pub type_: u32,
@@ -204,7 +206,10 @@ pub struct XenstoreDomainInterface {
 
 /// Name of an errno value as xenstore sends it, if it is one of [`XSD_ERRORS`].
 pub fn error_name(errno: i32) -> Option<&'static str> {
-    XSD_ERRORS.iter().find(|(n, _)| *n == errno).map(|(_, s)| *s)
+    XSD_ERRORS
+        .iter()
+        .find(|(n, _)| *n == errno)
+        .map(|(_, s)| *s)
 }
 
 /// Errno value of a xenstore error name.

@@ -69,7 +69,10 @@ fn rust_layout() -> BTreeMap<String, String> {
     }
 
     // ring.h: the C struct has one slot of `ring[1]`, so its size is 64 + 112.
-    put("size blkif_sring".into(), (SRING_HEADER_SIZE + Blkif::SLOT_SIZE).to_string());
+    put(
+        "size blkif_sring".into(),
+        (SRING_HEADER_SIZE + Blkif::SLOT_SIZE).to_string(),
+    );
     off!("blkif_sring.req_prod", SringHeader, req_prod);
     off!("blkif_sring.req_event", SringHeader, req_event);
     off!("blkif_sring.rsp_prod", SringHeader, rsp_prod);
@@ -77,22 +80,54 @@ fn rust_layout() -> BTreeMap<String, String> {
     off!("blkif_sring.pvt", SringHeader, pvt);
     off!("blkif_sring.__pad", SringHeader, pad);
     off!("blkif_sring.ring", SRING_HEADER_SIZE);
-    put("size blkif_sring_entry".into(), Blkif::SLOT_SIZE.to_string());
-    put("size netif_tx_sring_entry".into(), NetifTx::SLOT_SIZE.to_string());
-    put("size netif_rx_sring_entry".into(), NetifRx::SLOT_SIZE.to_string());
-    put("size xen_netif_ctrl_sring_entry".into(), NetifCtrl::SLOT_SIZE.to_string());
+    put(
+        "size blkif_sring_entry".into(),
+        Blkif::SLOT_SIZE.to_string(),
+    );
+    put(
+        "size netif_tx_sring_entry".into(),
+        NetifTx::SLOT_SIZE.to_string(),
+    );
+    put(
+        "size netif_rx_sring_entry".into(),
+        NetifRx::SLOT_SIZE.to_string(),
+    );
+    put(
+        "size xen_netif_ctrl_sring_entry".into(),
+        NetifCtrl::SLOT_SIZE.to_string(),
+    );
     for order in 0..=BLKIF_MAX_RING_PAGE_ORDER {
-        put(format!("ring blkif {order}"), blkif_ring_size(order).to_string());
+        put(
+            format!("ring blkif {order}"),
+            blkif_ring_size(order).to_string(),
+        );
     }
-    put("ring netif_tx 0".into(), NetifTx::ring_size_for_pages(1).to_string());
-    put("ring netif_rx 0".into(), NetifRx::ring_size_for_pages(1).to_string());
-    put("ring xen_netif_ctrl 0".into(), NetifCtrl::ring_size_for_pages(1).to_string());
+    put(
+        "ring netif_tx 0".into(),
+        NetifTx::ring_size_for_pages(1).to_string(),
+    );
+    put(
+        "ring netif_rx 0".into(),
+        NetifRx::ring_size_for_pages(1).to_string(),
+    );
+    put(
+        "ring xen_netif_ctrl 0".into(),
+        NetifCtrl::ring_size_for_pages(1).to_string(),
+    );
 
     // blkif.h
     size!("blkif_request_segment", BlkifRequestSegment);
     off!("blkif_request_segment.gref", BlkifRequestSegment, gref);
-    off!("blkif_request_segment.first_sect", BlkifRequestSegment, first_sect);
-    off!("blkif_request_segment.last_sect", BlkifRequestSegment, last_sect);
+    off!(
+        "blkif_request_segment.first_sect",
+        BlkifRequestSegment,
+        first_sect
+    );
+    off!(
+        "blkif_request_segment.last_sect",
+        BlkifRequestSegment,
+        last_sect
+    );
     size!("blkif_request", BlkifRequest);
     off!("blkif_request.operation", BlkifRequest, operation);
     off!("blkif_request.nr_segments", BlkifRequest, nr_segments);
@@ -101,20 +136,56 @@ fn rust_layout() -> BTreeMap<String, String> {
     off!("blkif_request.sector_number", BlkifRequest, sector_number);
     off!("blkif_request.seg", BlkifRequest, seg);
     size!("blkif_request_discard", BlkifRequestDiscard);
-    off!("blkif_request_discard.operation", BlkifRequestDiscard, operation);
+    off!(
+        "blkif_request_discard.operation",
+        BlkifRequestDiscard,
+        operation
+    );
     off!("blkif_request_discard.flag", BlkifRequestDiscard, flag);
     off!("blkif_request_discard.handle", BlkifRequestDiscard, handle);
     off!("blkif_request_discard.id", BlkifRequestDiscard, id);
-    off!("blkif_request_discard.sector_number", BlkifRequestDiscard, sector_number);
-    off!("blkif_request_discard.nr_sectors", BlkifRequestDiscard, nr_sectors);
+    off!(
+        "blkif_request_discard.sector_number",
+        BlkifRequestDiscard,
+        sector_number
+    );
+    off!(
+        "blkif_request_discard.nr_sectors",
+        BlkifRequestDiscard,
+        nr_sectors
+    );
     size!("blkif_request_indirect", BlkifRequestIndirect);
-    off!("blkif_request_indirect.operation", BlkifRequestIndirect, operation);
-    off!("blkif_request_indirect.indirect_op", BlkifRequestIndirect, indirect_op);
-    off!("blkif_request_indirect.nr_segments", BlkifRequestIndirect, nr_segments);
+    off!(
+        "blkif_request_indirect.operation",
+        BlkifRequestIndirect,
+        operation
+    );
+    off!(
+        "blkif_request_indirect.indirect_op",
+        BlkifRequestIndirect,
+        indirect_op
+    );
+    off!(
+        "blkif_request_indirect.nr_segments",
+        BlkifRequestIndirect,
+        nr_segments
+    );
     off!("blkif_request_indirect.id", BlkifRequestIndirect, id);
-    off!("blkif_request_indirect.sector_number", BlkifRequestIndirect, sector_number);
-    off!("blkif_request_indirect.handle", BlkifRequestIndirect, handle);
-    off!("blkif_request_indirect.indirect_grefs", BlkifRequestIndirect, indirect_grefs);
+    off!(
+        "blkif_request_indirect.sector_number",
+        BlkifRequestIndirect,
+        sector_number
+    );
+    off!(
+        "blkif_request_indirect.handle",
+        BlkifRequestIndirect,
+        handle
+    );
+    off!(
+        "blkif_request_indirect.indirect_grefs",
+        BlkifRequestIndirect,
+        indirect_grefs
+    );
     size!("blkif_response", BlkifResponse);
     off!("blkif_response.id", BlkifResponse, id);
     off!("blkif_response.operation", BlkifResponse, operation);
@@ -127,8 +198,14 @@ fn rust_layout() -> BTreeMap<String, String> {
     constant!("BLKIF_OP_DISCARD", BLKIF_OP_DISCARD);
     constant!("BLKIF_OP_INDIRECT", BLKIF_OP_INDIRECT);
     constant!("BLKIF_DISCARD_SECURE", BLKIF_DISCARD_SECURE);
-    constant!("BLKIF_MAX_SEGMENTS_PER_REQUEST", BLKIF_MAX_SEGMENTS_PER_REQUEST);
-    constant!("BLKIF_MAX_INDIRECT_PAGES_PER_REQUEST", BLKIF_MAX_INDIRECT_PAGES_PER_REQUEST);
+    constant!(
+        "BLKIF_MAX_SEGMENTS_PER_REQUEST",
+        BLKIF_MAX_SEGMENTS_PER_REQUEST
+    );
+    constant!(
+        "BLKIF_MAX_INDIRECT_PAGES_PER_REQUEST",
+        BLKIF_MAX_INDIRECT_PAGES_PER_REQUEST
+    );
     constant!("BLKIF_RSP_OKAY", BLKIF_RSP_OKAY);
     constant!("BLKIF_RSP_ERROR", BLKIF_RSP_ERROR);
     constant!("BLKIF_RSP_EOPNOTSUPP", BLKIF_RSP_EOPNOTSUPP);
@@ -160,14 +237,38 @@ fn rust_layout() -> BTreeMap<String, String> {
     off!("netif_extra_info.type", NetifExtraInfo, type_);
     off!("netif_extra_info.flags", NetifExtraInfo, flags);
     off!("netif_extra_info.u", u);
-    off!("netif_extra_info.u.gso.size", u + offset_of!(NetifExtraGso, size));
-    off!("netif_extra_info.u.gso.type", u + offset_of!(NetifExtraGso, type_));
-    off!("netif_extra_info.u.gso.pad", u + offset_of!(NetifExtraGso, pad));
-    off!("netif_extra_info.u.gso.features", u + offset_of!(NetifExtraGso, features));
-    off!("netif_extra_info.u.mcast.addr", u + offset_of!(NetifExtraMcast, addr));
-    off!("netif_extra_info.u.hash.type", u + offset_of!(NetifExtraHash, type_));
-    off!("netif_extra_info.u.hash.algorithm", u + offset_of!(NetifExtraHash, algorithm));
-    off!("netif_extra_info.u.hash.value", u + offset_of!(NetifExtraHash, value));
+    off!(
+        "netif_extra_info.u.gso.size",
+        u + offset_of!(NetifExtraGso, size)
+    );
+    off!(
+        "netif_extra_info.u.gso.type",
+        u + offset_of!(NetifExtraGso, type_)
+    );
+    off!(
+        "netif_extra_info.u.gso.pad",
+        u + offset_of!(NetifExtraGso, pad)
+    );
+    off!(
+        "netif_extra_info.u.gso.features",
+        u + offset_of!(NetifExtraGso, features)
+    );
+    off!(
+        "netif_extra_info.u.mcast.addr",
+        u + offset_of!(NetifExtraMcast, addr)
+    );
+    off!(
+        "netif_extra_info.u.hash.type",
+        u + offset_of!(NetifExtraHash, type_)
+    );
+    off!(
+        "netif_extra_info.u.hash.algorithm",
+        u + offset_of!(NetifExtraHash, algorithm)
+    );
+    off!(
+        "netif_extra_info.u.hash.value",
+        u + offset_of!(NetifExtraHash, value)
+    );
     size!("xen_netif_ctrl_request", XenNetifCtrlRequest);
     off!("xen_netif_ctrl_request.id", XenNetifCtrlRequest, id);
     off!("xen_netif_ctrl_request.type", XenNetifCtrlRequest, type_);
@@ -175,7 +276,11 @@ fn rust_layout() -> BTreeMap<String, String> {
     size!("xen_netif_ctrl_response", XenNetifCtrlResponse);
     off!("xen_netif_ctrl_response.id", XenNetifCtrlResponse, id);
     off!("xen_netif_ctrl_response.type", XenNetifCtrlResponse, type_);
-    off!("xen_netif_ctrl_response.status", XenNetifCtrlResponse, status);
+    off!(
+        "xen_netif_ctrl_response.status",
+        XenNetifCtrlResponse,
+        status
+    );
     off!("xen_netif_ctrl_response.data", XenNetifCtrlResponse, data);
     size!("xen_netif_gref", XenNetifGref);
     off!("xen_netif_gref.ref", XenNetifGref, ref_);
@@ -198,8 +303,14 @@ fn rust_layout() -> BTreeMap<String, String> {
     constant!("NETIF_RSP_NULL", NETIF_RSP_NULL);
     constant!("XEN_NETIF_EXTRA_TYPE_NONE", XEN_NETIF_EXTRA_TYPE_NONE);
     constant!("XEN_NETIF_EXTRA_TYPE_GSO", XEN_NETIF_EXTRA_TYPE_GSO);
-    constant!("XEN_NETIF_EXTRA_TYPE_MCAST_ADD", XEN_NETIF_EXTRA_TYPE_MCAST_ADD);
-    constant!("XEN_NETIF_EXTRA_TYPE_MCAST_DEL", XEN_NETIF_EXTRA_TYPE_MCAST_DEL);
+    constant!(
+        "XEN_NETIF_EXTRA_TYPE_MCAST_ADD",
+        XEN_NETIF_EXTRA_TYPE_MCAST_ADD
+    );
+    constant!(
+        "XEN_NETIF_EXTRA_TYPE_MCAST_DEL",
+        XEN_NETIF_EXTRA_TYPE_MCAST_DEL
+    );
     constant!("XEN_NETIF_EXTRA_TYPE_HASH", XEN_NETIF_EXTRA_TYPE_HASH);
     constant!("XEN_NETIF_EXTRA_TYPE_MAX", XEN_NETIF_EXTRA_TYPE_MAX);
     constant!("XEN_NETIF_EXTRA_FLAG_MORE", XEN_NETIF_EXTRA_FLAG_MORE);
@@ -207,26 +318,68 @@ fn rust_layout() -> BTreeMap<String, String> {
     constant!("XEN_NETIF_GSO_TYPE_TCPV4", XEN_NETIF_GSO_TYPE_TCPV4);
     constant!("XEN_NETIF_GSO_TYPE_TCPV6", XEN_NETIF_GSO_TYPE_TCPV6);
     constant!("XEN_NETIF_CTRL_TYPE_INVALID", ctrl_type::INVALID);
-    constant!("XEN_NETIF_CTRL_TYPE_GET_HASH_FLAGS", ctrl_type::GET_HASH_FLAGS);
-    constant!("XEN_NETIF_CTRL_TYPE_SET_HASH_FLAGS", ctrl_type::SET_HASH_FLAGS);
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_GET_HASH_FLAGS",
+        ctrl_type::GET_HASH_FLAGS
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_SET_HASH_FLAGS",
+        ctrl_type::SET_HASH_FLAGS
+    );
     constant!("XEN_NETIF_CTRL_TYPE_SET_HASH_KEY", ctrl_type::SET_HASH_KEY);
-    constant!("XEN_NETIF_CTRL_TYPE_GET_HASH_MAPPING_SIZE", ctrl_type::GET_HASH_MAPPING_SIZE);
-    constant!("XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING_SIZE", ctrl_type::SET_HASH_MAPPING_SIZE);
-    constant!("XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING", ctrl_type::SET_HASH_MAPPING);
-    constant!("XEN_NETIF_CTRL_TYPE_SET_HASH_ALGORITHM", ctrl_type::SET_HASH_ALGORITHM);
-    constant!("XEN_NETIF_CTRL_TYPE_GET_GREF_MAPPING_SIZE", ctrl_type::GET_GREF_MAPPING_SIZE);
-    constant!("XEN_NETIF_CTRL_TYPE_ADD_GREF_MAPPING", ctrl_type::ADD_GREF_MAPPING);
-    constant!("XEN_NETIF_CTRL_TYPE_DEL_GREF_MAPPING", ctrl_type::DEL_GREF_MAPPING);
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_GET_HASH_MAPPING_SIZE",
+        ctrl_type::GET_HASH_MAPPING_SIZE
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING_SIZE",
+        ctrl_type::SET_HASH_MAPPING_SIZE
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_SET_HASH_MAPPING",
+        ctrl_type::SET_HASH_MAPPING
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_SET_HASH_ALGORITHM",
+        ctrl_type::SET_HASH_ALGORITHM
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_GET_GREF_MAPPING_SIZE",
+        ctrl_type::GET_GREF_MAPPING_SIZE
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_ADD_GREF_MAPPING",
+        ctrl_type::ADD_GREF_MAPPING
+    );
+    constant!(
+        "XEN_NETIF_CTRL_TYPE_DEL_GREF_MAPPING",
+        ctrl_type::DEL_GREF_MAPPING
+    );
     constant!("XEN_NETIF_CTRL_STATUS_SUCCESS", ctrl_status::SUCCESS);
-    constant!("XEN_NETIF_CTRL_STATUS_NOT_SUPPORTED", ctrl_status::NOT_SUPPORTED);
-    constant!("XEN_NETIF_CTRL_STATUS_INVALID_PARAMETER", ctrl_status::INVALID_PARAMETER);
-    constant!("XEN_NETIF_CTRL_STATUS_BUFFER_OVERFLOW", ctrl_status::BUFFER_OVERFLOW);
+    constant!(
+        "XEN_NETIF_CTRL_STATUS_NOT_SUPPORTED",
+        ctrl_status::NOT_SUPPORTED
+    );
+    constant!(
+        "XEN_NETIF_CTRL_STATUS_INVALID_PARAMETER",
+        ctrl_status::INVALID_PARAMETER
+    );
+    constant!(
+        "XEN_NETIF_CTRL_STATUS_BUFFER_OVERFLOW",
+        ctrl_status::BUFFER_OVERFLOW
+    );
     constant!("XEN_NETIF_CTRL_HASH_TYPE_IPV4", hash_type::IPV4);
     constant!("XEN_NETIF_CTRL_HASH_TYPE_IPV4_TCP", hash_type::IPV4_TCP);
     constant!("XEN_NETIF_CTRL_HASH_TYPE_IPV6", hash_type::IPV6);
     constant!("XEN_NETIF_CTRL_HASH_TYPE_IPV6_TCP", hash_type::IPV6_TCP);
-    constant!("XEN_NETIF_CTRL_HASH_ALGORITHM_NONE", XEN_NETIF_CTRL_HASH_ALGORITHM_NONE);
-    constant!("XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ", XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ);
+    constant!(
+        "XEN_NETIF_CTRL_HASH_ALGORITHM_NONE",
+        XEN_NETIF_CTRL_HASH_ALGORITHM_NONE
+    );
+    constant!(
+        "XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ",
+        XEN_NETIF_CTRL_HASH_ALGORITHM_TOEPLITZ
+    );
 
     // xs_wire.h
     size!("xsd_sockmsg", XsdSockmsg);
@@ -235,15 +388,51 @@ fn rust_layout() -> BTreeMap<String, String> {
     off!("xsd_sockmsg.tx_id", XsdSockmsg, tx_id);
     off!("xsd_sockmsg.len", XsdSockmsg, len);
     size!("xenstore_domain_interface", XenstoreDomainInterface);
-    off!("xenstore_domain_interface.req", XenstoreDomainInterface, req);
-    off!("xenstore_domain_interface.rsp", XenstoreDomainInterface, rsp);
-    off!("xenstore_domain_interface.req_cons", XenstoreDomainInterface, req_cons);
-    off!("xenstore_domain_interface.req_prod", XenstoreDomainInterface, req_prod);
-    off!("xenstore_domain_interface.rsp_cons", XenstoreDomainInterface, rsp_cons);
-    off!("xenstore_domain_interface.rsp_prod", XenstoreDomainInterface, rsp_prod);
-    off!("xenstore_domain_interface.server_features", XenstoreDomainInterface, server_features);
-    off!("xenstore_domain_interface.connection", XenstoreDomainInterface, connection);
-    off!("xenstore_domain_interface.error", XenstoreDomainInterface, error);
+    off!(
+        "xenstore_domain_interface.req",
+        XenstoreDomainInterface,
+        req
+    );
+    off!(
+        "xenstore_domain_interface.rsp",
+        XenstoreDomainInterface,
+        rsp
+    );
+    off!(
+        "xenstore_domain_interface.req_cons",
+        XenstoreDomainInterface,
+        req_cons
+    );
+    off!(
+        "xenstore_domain_interface.req_prod",
+        XenstoreDomainInterface,
+        req_prod
+    );
+    off!(
+        "xenstore_domain_interface.rsp_cons",
+        XenstoreDomainInterface,
+        rsp_cons
+    );
+    off!(
+        "xenstore_domain_interface.rsp_prod",
+        XenstoreDomainInterface,
+        rsp_prod
+    );
+    off!(
+        "xenstore_domain_interface.server_features",
+        XenstoreDomainInterface,
+        server_features
+    );
+    off!(
+        "xenstore_domain_interface.connection",
+        XenstoreDomainInterface,
+        connection
+    );
+    off!(
+        "xenstore_domain_interface.error",
+        XenstoreDomainInterface,
+        error
+    );
     for t in XsdSockmsgType::ALL {
         put(format!("const {}", t.name()), (t as u32).to_string());
     }
@@ -255,8 +444,14 @@ fn rust_layout() -> BTreeMap<String, String> {
     constant!("XENSTORE_ABS_PATH_MAX", XENSTORE_ABS_PATH_MAX);
     constant!("XENSTORE_REL_PATH_MAX", XENSTORE_REL_PATH_MAX);
     constant!("XENSTORE_RING_SIZE", XENSTORE_RING_SIZE);
-    constant!("XENSTORE_SERVER_FEATURE_RECONNECTION", XENSTORE_SERVER_FEATURE_RECONNECTION);
-    constant!("XENSTORE_SERVER_FEATURE_ERROR", XENSTORE_SERVER_FEATURE_ERROR);
+    constant!(
+        "XENSTORE_SERVER_FEATURE_RECONNECTION",
+        XENSTORE_SERVER_FEATURE_RECONNECTION
+    );
+    constant!(
+        "XENSTORE_SERVER_FEATURE_ERROR",
+        XENSTORE_SERVER_FEATURE_ERROR
+    );
     constant!("XENSTORE_CONNECTED", XENSTORE_CONNECTED);
     constant!("XENSTORE_RECONNECT", XENSTORE_RECONNECT);
     constant!("XENSTORE_ERROR_NONE", XENSTORE_ERROR_NONE);
@@ -294,19 +489,46 @@ fn rust_layout() -> BTreeMap<String, String> {
     constant!("GNTMAP_readonly", GNTMAP_READONLY);
     constant!("GNTMAP_application_map", GNTMAP_APPLICATION_MAP);
     constant!("GNTMAP_contains_pte", GNTMAP_CONTAINS_PTE);
-    constant!("GNTTABOP_map_grant_ref", pvio_abi::grant_table::op::MAP_GRANT_REF);
-    constant!("GNTTABOP_unmap_grant_ref", pvio_abi::grant_table::op::UNMAP_GRANT_REF);
-    constant!("GNTTABOP_setup_table", pvio_abi::grant_table::op::SETUP_TABLE);
+    constant!(
+        "GNTTABOP_map_grant_ref",
+        pvio_abi::grant_table::op::MAP_GRANT_REF
+    );
+    constant!(
+        "GNTTABOP_unmap_grant_ref",
+        pvio_abi::grant_table::op::UNMAP_GRANT_REF
+    );
+    constant!(
+        "GNTTABOP_setup_table",
+        pvio_abi::grant_table::op::SETUP_TABLE
+    );
     constant!("GNTTABOP_dump_table", pvio_abi::grant_table::op::DUMP_TABLE);
     constant!("GNTTABOP_transfer", pvio_abi::grant_table::op::TRANSFER);
     constant!("GNTTABOP_copy", pvio_abi::grant_table::op::COPY);
     constant!("GNTTABOP_query_size", pvio_abi::grant_table::op::QUERY_SIZE);
-    constant!("GNTTABOP_unmap_and_replace", pvio_abi::grant_table::op::UNMAP_AND_REPLACE);
-    constant!("GNTTABOP_set_version", pvio_abi::grant_table::op::SET_VERSION);
-    constant!("GNTTABOP_get_status_frames", pvio_abi::grant_table::op::GET_STATUS_FRAMES);
-    constant!("GNTTABOP_get_version", pvio_abi::grant_table::op::GET_VERSION);
-    constant!("GNTTABOP_swap_grant_ref", pvio_abi::grant_table::op::SWAP_GRANT_REF);
-    constant!("GNTTABOP_cache_flush", pvio_abi::grant_table::op::CACHE_FLUSH);
+    constant!(
+        "GNTTABOP_unmap_and_replace",
+        pvio_abi::grant_table::op::UNMAP_AND_REPLACE
+    );
+    constant!(
+        "GNTTABOP_set_version",
+        pvio_abi::grant_table::op::SET_VERSION
+    );
+    constant!(
+        "GNTTABOP_get_status_frames",
+        pvio_abi::grant_table::op::GET_STATUS_FRAMES
+    );
+    constant!(
+        "GNTTABOP_get_version",
+        pvio_abi::grant_table::op::GET_VERSION
+    );
+    constant!(
+        "GNTTABOP_swap_grant_ref",
+        pvio_abi::grant_table::op::SWAP_GRANT_REF
+    );
+    constant!(
+        "GNTTABOP_cache_flush",
+        pvio_abi::grant_table::op::CACHE_FLUSH
+    );
     for s in GntStatus::ALL {
         let c = match s {
             GntStatus::Okay => "okay",
@@ -357,12 +579,24 @@ fn rust_layout() -> BTreeMap<String, String> {
 
     // xenbus.h
     for s in XenbusState::ALL {
-        put(format!("const XenbusState{}", s.name()), (s as u32).to_string());
+        put(
+            format!("const XenbusState{}", s.name()),
+            (s as u32).to_string(),
+        );
     }
 
-    put("str XEN_IO_PROTO_ABI_X86_64".into(), pvio_abi::XEN_IO_PROTO_ABI_X86_64.into());
-    put("str XEN_IO_PROTO_ABI_X86_32".into(), pvio_abi::XEN_IO_PROTO_ABI_X86_32.into());
-    put("str XEN_IO_PROTO_ABI_ARM".into(), pvio_abi::XEN_IO_PROTO_ABI_ARM.into());
+    put(
+        "str XEN_IO_PROTO_ABI_X86_64".into(),
+        pvio_abi::XEN_IO_PROTO_ABI_X86_64.into(),
+    );
+    put(
+        "str XEN_IO_PROTO_ABI_X86_32".into(),
+        pvio_abi::XEN_IO_PROTO_ABI_X86_32.into(),
+    );
+    put(
+        "str XEN_IO_PROTO_ABI_ARM".into(),
+        pvio_abi::XEN_IO_PROTO_ABI_ARM.into(),
+    );
     m
 }
 
@@ -391,5 +625,9 @@ fn rust_definitions_match_xen_headers() {
         }
     }
     assert!(wrong.is_empty(), "ABI mismatches:\n{}", wrong.join("\n"));
-    assert_eq!(seen, rust.len(), "Rust checks keys the C program never printed");
+    assert_eq!(
+        seen,
+        rust.len(),
+        "Rust checks keys the C program never printed"
+    );
 }

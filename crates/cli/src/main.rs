@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 
 /// pvio: a userspace paravirtual I/O host with Xen's wire formats.
 #[derive(Parser, Debug)]
-#[command(name = "pvio", version, about, long_about = None)]
+#[command(
+    name = "pvio",
+    version,
+    about = "pvio: a userspace paravirtual I/O host with Xen's wire formats"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,11 +1,20 @@
 //! `pvio bench ...`: benchmarks that run a baseline and pvio side by side.
+//! Each benchmark's options and code live in the `pvio-bench` crate.
 
 use clap::Subcommand;
 
 /// The benchmarks.
 #[derive(Subcommand, Debug)]
-pub enum BenchCommand {}
+pub enum BenchCommand {
+    /// Ring round trips (event and poll modes) against raw eventfd and cache-line ping-pong.
+    Ring(pvio_bench::ring::Args),
+    /// Xenstore read/write round trips and aggregate reads per second.
+    Xenstore(pvio_bench::xenstore::Args),
+}
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
-    match cmd {}
+    match cmd {
+        BenchCommand::Ring(a) => pvio_bench::ring::run(a),
+        BenchCommand::Xenstore(a) => pvio_bench::xenstore::run(a),
+    }
 }

@@ -6,7 +6,11 @@ use clap::Args as ClapArgs;
 #[derive(ClapArgs, Debug)]
 pub struct Args {
     /// Unix socket to serve dom0 clients on (libxenstore finds it via XENSTORED_PATH).
-    #[arg(long, env = "PVIO_XENSTORED_SOCKET", default_value = "/run/pvio/xenstored.sock")]
+    #[arg(
+        long,
+        env = "PVIO_XENSTORED_SOCKET",
+        default_value = "/run/pvio/xenstored.sock"
+    )]
     pub socket: std::path::PathBuf,
 }
 

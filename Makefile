@@ -4,7 +4,7 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 PVIO := target/release/pvio
 
-.PHONY: all deps build demo test lint unit bench clean
+.PHONY: all deps build demo test lint unit bench fuzz clean
 
 all: build
 
@@ -31,6 +31,14 @@ unit:
 
 bench: build
 	$(PVIO) bench ring
+
+## fuzz: run every cargo-fuzz target briefly (needs nightly and cargo-fuzz).
+FUZZ_SECONDS ?= 30
+fuzz:
+	@for t in $$(cargo +nightly fuzz list --fuzz-dir fuzz); do \
+		echo "fuzzing $$t for $(FUZZ_SECONDS)s"; \
+		cargo +nightly fuzz run --fuzz-dir fuzz $$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

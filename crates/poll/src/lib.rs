@@ -1,0 +1,43 @@
+//! When a consumer of a shared ring should spin and when it should sleep.
+//!
+//! A ring consumer (a backend waiting for requests, a frontend waiting for
+//! responses) that finds nothing to do asks its [`Poller`] what next: keep
+//! checking the ring until some time ([`Idle::Spin`]), or re-arm the
+//! notification and block, possibly with a timer ([`Idle::Block`]). The
+//! policies ([`PollPolicy`]) are pure: they see timestamps and a host-load
+//! view, never the ring, so they are tested in a simulator and compared side
+//! by side in `pvio bench blk`.
+//!
+//! * `off`: always block (classic event channels).
+//! * `spin`: never block (the latency floor, at a core per ring).
+//! * `tapdisk3`: XenServer's rule — after a request, poll for a fixed window
+//!   that slides with every hit, only if the host was idle enough when polling
+//!   started (default 1000 µs and 50 % idle, sampled every second).
+//! * `adaptive`: learn the idle gap before the next request and the cost of a
+//!   wake-up; spin when spinning costs less CPU than the latency it saves,
+//!   sleep until just before the predicted arrival when arrivals are regular,
+//!   and block on the event otherwise; never while other tasks wait for a CPU,
+//!   and never once the stream has gone quiet.
+//!
+//! This crate must never touch a ring or a file descriptor; [`load`] reads
+//! `/proc` only.
+
+pub mod load;
+pub mod policy;
+pub mod stats;
+
+pub use load::{HostLoad, LoadView};
+pub use policy::{AdaptiveConfig, Idle, Pickup, PollPolicy, Poller, Tapdisk3Config};
+pub use stats::PollStats;
+
+/// Nanoseconds on the monotonic clock.
+pub fn now_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// CPU time consumed by the calling thread, in nanoseconds.
+pub fn thread_cpu_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}

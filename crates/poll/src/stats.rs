@@ -1,0 +1,24 @@
+//! Counters a poller keeps, exported with the device's metrics.
+
+/// What a poller did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Work found after an idle period.
+    pub arrivals: u64,
+    /// ... of which found while spinning.
+    pub poll_hits: u64,
+    /// ... of which found after a wake-up (event or timer).
+    pub woken: u64,
+    /// Spin episodes that ended without work.
+    pub poll_misses: u64,
+    /// Spin episodes started.
+    pub polls: u64,
+    /// Times the consumer blocked.
+    pub blocks: u64,
+    /// ... of which with a timer to wake before the predicted arrival.
+    pub timed_blocks: u64,
+    /// Wall time spent spinning, in ns (CPU time when the spinner runs alone).
+    pub spin_ns: u64,
+    /// Spins refused because other tasks were waiting for a CPU.
+    pub busy_refusals: u64,
+}

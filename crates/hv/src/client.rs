@@ -8,7 +8,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use pvio_abi::event_channel::EvtchnPort;
 use pvio_abi::grant_table::{GntStatus, GrantRef};
@@ -35,8 +35,9 @@ pub struct HvClient {
 #[derive(Debug)]
 pub struct GuestDomain {
     pub client: HvClient,
-    pub memory: GuestMemory,
-    pub grants: GrantTable,
+    /// Shared so that rings and buffers placed in it can hold it alive.
+    pub memory: Arc<GuestMemory>,
+    pub grants: Arc<GrantTable>,
 }
 
 /// A grant mapped by [`HvClient::map_grant_refs`].
@@ -121,8 +122,11 @@ impl HvClient {
         let info = DomainInfo::read(&mut r).map_err(decode_err)?;
         let mut fds = Self::expect_fds(fds, 2, "domain memory")?.into_iter();
         let (mem_fd, grant_fd) = (fds.next().unwrap(), fds.next().unwrap());
-        let memory = GuestMemory::from_fd(mem_fd, info.frames)?;
-        let grants = GrantTable::new(GrantTableMem::from_fd(&grant_fd, info.grant_frames)?);
+        let memory = Arc::new(GuestMemory::from_fd(mem_fd, info.frames)?);
+        let grants = Arc::new(GrantTable::new(GrantTableMem::from_fd(
+            &grant_fd,
+            info.grant_frames,
+        )?));
         Ok(GuestDomain {
             client: Self {
                 sock: Mutex::new(sock),

@@ -60,6 +60,6 @@ pub use error::{Peer, RingError, Violation, ViolationKind};
 pub use front::FrontRing;
 pub use protocol::SharedIndex;
 pub use raw::RawRing;
-pub use shm::{AnonRingMemory, RawAccessError, RingMemory, ShmIndices};
+pub use shm::{AnonRingMemory, GuestPages, RawAccessError, RingMemory, ShmIndices};
 
 pub use pvio_abi::ring::{RingIdx, RingProtocol};

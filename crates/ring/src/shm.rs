@@ -94,6 +94,70 @@ unsafe impl<T: RingMemory + ?Sized> RingMemory for Box<T> {
     }
 }
 
+/// Contiguous frames of a domain's own memory holding a ring (the frontend's
+/// side: it places the shared ring in its RAM and grants the frames).
+#[derive(Debug, Clone)]
+pub struct GuestPages {
+    mem: Arc<pvio_hv::GuestMemory>,
+    first: pvio_hv::Gfn,
+    count: u32,
+}
+
+impl GuestPages {
+    /// Frames `first .. first + count` of `mem`.
+    pub fn new(
+        mem: Arc<pvio_hv::GuestMemory>,
+        first: pvio_hv::Gfn,
+        count: u32,
+    ) -> Result<Self, pvio_hv::HvError> {
+        let end = first
+            .checked_add(count)
+            .filter(|e| count > 0 && *e <= mem.frames());
+        if end.is_none() {
+            return Err(pvio_hv::HvError::BadFrame {
+                gfn: first.saturating_add(count),
+                frames: mem.frames(),
+            });
+        }
+        Ok(Self { mem, first, count })
+    }
+
+    /// The first frame.
+    pub fn first_frame(&self) -> pvio_hv::Gfn {
+        self.first
+    }
+
+    /// Number of frames.
+    pub fn frames(&self) -> u32 {
+        self.count
+    }
+}
+
+// SAFETY: the Arc keeps the guest's memory mapped at a fixed address for as
+// long as this value lives; `new` checked that the frames lie inside it, and
+// frame_ptr of an in-range frame cannot fail.
+unsafe impl RingMemory for GuestPages {
+    fn as_ptr(&self) -> *mut u8 {
+        self.mem
+            .frame_ptr(self.first)
+            .expect("frame range checked in GuestPages::new")
+    }
+    fn len(&self) -> usize {
+        self.count as usize * XEN_PAGE_SIZE
+    }
+}
+
+// SAFETY: a FrameMapping owns its mapping (unmapped only on drop), at a fixed
+// address, `len()` bytes long, readable and writable.
+unsafe impl RingMemory for pvio_hv::FrameMapping {
+    fn as_ptr(&self) -> *mut u8 {
+        pvio_hv::FrameMapping::as_ptr(self)
+    }
+    fn len(&self) -> usize {
+        pvio_hv::FrameMapping::len(self)
+    }
+}
+
 /// Zeroed, page-aligned private memory for a ring: for tests, benchmarks
 /// and rings whose two ends are threads of one process (share it with an
 /// `Arc`).

@@ -12,6 +12,10 @@ pub enum InternalCommand {
     /// A dom0 process that binds a port and maps grants, then holds them
     /// until killed (tests kill it mid-mapping).
     MapAndHold(MapAndHold),
+    /// The pinger of `pvio bench ring`'s raw baselines.
+    RingPing(pvio_bench::ring::PingArgs),
+    /// The frontend domain of `pvio bench ring`.
+    RingFrontend(pvio_bench::ring::FrontendArgs),
 }
 
 /// Options of `pvio internal map-and-hold`.
@@ -49,5 +53,7 @@ pub fn run(cmd: InternalCommand) -> anyhow::Result<()> {
     match cmd {
         InternalCommand::GuestShell(a) => super::guest_shell::run(a),
         InternalCommand::MapAndHold(a) => map_and_hold(a),
+        InternalCommand::RingPing(a) => pvio_bench::ring::ping_main(a),
+        InternalCommand::RingFrontend(a) => pvio_bench::ring::frontend_main(a),
     }
 }

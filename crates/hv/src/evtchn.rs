@@ -58,14 +58,10 @@ impl EventChannel {
         Ok(sys::eventfd_consume(self.wait.as_fd())? > 0)
     }
 
-    /// Blocks until an event arrives, then consumes it.
+    /// Blocks until an event arrives, then consumes it: one `read(2)`.
     pub fn wait(&self) -> Result<(), HvError> {
-        loop {
-            sys::wait_readable(self.wait.as_fd(), None)?;
-            if self.try_consume()? {
-                return Ok(());
-            }
-        }
+        sys::eventfd_wait(self.wait.as_fd())?;
+        Ok(())
     }
 
     /// Waits up to `timeout` for an event; true if one arrived (and was

@@ -2,9 +2,11 @@
 //! memory and grant tables), eventfd (event channels), `SOCK_SEQPACKET` Unix
 //! sockets carrying file descriptors (`SCM_RIGHTS`), and `poll`.
 //!
-//! Every eventfd pvio creates is non-blocking: an eventfd's open file
-//! description is shared by every process holding it, so one process setting
-//! `O_NONBLOCK` would change it for all. Waiting is done with `poll` first.
+//! Event-channel eventfds are *blocking*: an eventfd's open file description
+//! (and so its `O_NONBLOCK` flag) is shared by every process holding it, and
+//! the hot path is the waiter's single blocking `read`, the same system call
+//! a raw eventfd ping-pong makes. Writes never block in practice (only a
+//! counter at 2^64 - 2 would), and non-blocking consumers `poll` first.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -34,9 +36,23 @@ pub fn create_sealed_memfd(name: &str, size: u64) -> std::io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Creates the eventfd behind one end of an event channel (non-blocking).
+/// Creates the eventfd behind one end of an event channel (blocking; see
+/// the module comment).
 pub fn create_eventfd() -> std::io::Result<OwnedFd> {
-    Ok(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?)
+    Ok(eventfd(0, EventfdFlags::CLOEXEC)?)
+}
+
+/// Blocks until the eventfd is raised, then clears it; returns the count.
+pub fn eventfd_wait(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    let mut buf = [0u8; 8];
+    loop {
+        match rustix::io::read(fd, &mut buf) {
+            Ok(8) => return Ok(u64::from_ne_bytes(buf)),
+            Ok(n) => return Err(std::io::Error::other(format!("short eventfd read of {n} bytes"))),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Raises an eventfd: one `write` of 1. A counter already at its maximum is
@@ -49,7 +65,11 @@ pub fn eventfd_signal(fd: BorrowedFd<'_>) -> std::io::Result<()> {
 }
 
 /// Reads and clears an eventfd's counter without blocking; 0 if it was clear.
+/// Safe on blocking eventfds as long as this process is the only reader.
 pub fn eventfd_consume(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    if !wait_readable(fd, Some(Duration::ZERO))? {
+        return Ok(0);
+    }
     let mut buf = [0u8; 8];
     match rustix::io::read(fd, &mut buf) {
         Ok(8) => Ok(u64::from_ne_bytes(buf)),

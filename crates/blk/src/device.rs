@@ -138,7 +138,7 @@ pub fn check_request(
     if info.read_only && matches!(req.op, DeviceOp::Write | DeviceOp::Discard) {
         return Err(DeviceError::ReadOnly);
     }
-    if req.len == 0 || req.offset % ss != 0 || u64::from(req.len) % ss != 0 {
+    if req.len == 0 || !req.offset.is_multiple_of(ss) || !u64::from(req.len).is_multiple_of(ss) {
         return Err(DeviceError::Invalid(format!(
             "offset {} and length {} must be non-zero multiples of {ss}",
             req.offset, req.len

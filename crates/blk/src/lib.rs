@@ -11,3 +11,6 @@
 //! image layer has it.
 
 pub mod device;
+pub mod engine;
+pub mod image;
+pub mod request;

@@ -423,11 +423,22 @@ fn notify_fd_is_readable_while_completions_wait() {
         let ready =
             pvio_hv::sys::wait_readable(e.notify_fd(), Some(Duration::from_secs(20))).unwrap();
         assert!(ready, "{kind}: notify fd never became readable");
+        assert!(e.has_completions(), "{kind}: readable but nothing to reap");
+        // The final check before blocking sees the completion: do not block.
+        assert!(
+            e.prepare_to_block().unwrap(),
+            "{kind}: would sleep through a completion"
+        );
         let mut out = Vec::new();
         assert_eq!(e.reap(&mut out).unwrap(), 1);
         assert_eq!(out[0].tag, 42);
+        assert!(!e.has_completions());
+        assert!(!e.prepare_to_block().unwrap());
         let again = pvio_hv::sys::wait_readable(e.notify_fd(), Some(Duration::ZERO)).unwrap();
-        assert!(!again, "{kind}: notify fd still readable after reaping");
+        assert!(
+            !again,
+            "{kind}: notify fd still readable after the final check"
+        );
         // Nothing in flight: wait returns at once with nothing.
         assert_eq!(
             e.wait(1, Some(Duration::from_secs(5)), &mut out).unwrap(),

@@ -291,10 +291,19 @@ pub trait Engine: Send {
     /// Hands queued requests to the kernel or the workers.
     fn kick(&mut self) -> Result<(), EngineError>;
 
+    /// Whether completions are ready to reap. Makes no system call, so a
+    /// polling backend can ask in its spin loop.
+    fn has_completions(&mut self) -> bool;
+
     /// Appends completions that are ready, without blocking; returns how
-    /// many. Clears [`Engine::notify_fd`] first, so a completion that
-    /// arrives afterwards makes it readable again.
+    /// many. Does not touch [`Engine::notify_fd`].
     fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize, EngineError>;
+
+    /// Call before blocking on [`Engine::notify_fd`]: clears the fd, then
+    /// checks again, so a completion that raced with the clear is not slept
+    /// through (the same final check as a ring's). Returns true if
+    /// completions are ready, in which case do not block.
+    fn prepare_to_block(&mut self) -> Result<bool, EngineError>;
 
     /// Kicks, then appends completions until at least `min` (capped at the
     /// number in flight) have been appended or `timeout` passes (`None`:
@@ -345,6 +354,24 @@ fn select_engine(
             }
             Err(e) => Err(e),
         },
+    }
+}
+
+/// A non-blocking eventfd private to one engine, raised on completions.
+fn completion_eventfd() -> Result<std::os::fd::OwnedFd, EngineError> {
+    rustix::event::eventfd(
+        0,
+        rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+    )
+    .map_err(|e| EngineError::sys("eventfd", e.into()))
+}
+
+/// Clears a non-blocking eventfd (one `read`; empty is fine).
+fn clear_eventfd(fd: BorrowedFd<'_>) -> Result<(), EngineError> {
+    let mut b = [0u8; 8];
+    match rustix::io::read(fd, &mut b) {
+        Ok(_) | Err(rustix::io::Errno::AGAIN) => Ok(()),
+        Err(e) => Err(EngineError::sys("reading the completion eventfd", e.into())),
     }
 }
 

@@ -114,7 +114,7 @@ impl std::fmt::Debug for ThreadPoolEngine {
 impl ThreadPoolEngine {
     /// Starts `config.threads` workers (at least one).
     pub fn new(config: &EngineConfig) -> Result<Self, EngineError> {
-        let eventfd = pvio_hv::sys::create_eventfd().map_err(|e| EngineError::sys("eventfd", e))?;
+        let eventfd = super::completion_eventfd()?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             work_ready: Condvar::new(),
@@ -334,9 +334,16 @@ impl Engine for ThreadPoolEngine {
         Ok(())
     }
 
+    fn has_completions(&mut self) -> bool {
+        !lock(&self.shared.done).is_empty()
+    }
+
+    fn prepare_to_block(&mut self) -> Result<bool, EngineError> {
+        super::clear_eventfd(self.shared.eventfd.as_fd())?;
+        Ok(self.has_completions())
+    }
+
     fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize, EngineError> {
-        pvio_hv::sys::eventfd_consume(self.shared.eventfd.as_fd())
-            .map_err(|e| EngineError::sys("reading the completion eventfd", e))?;
         Ok(self.take_done(out))
     }
 
@@ -363,6 +370,9 @@ impl Engine for ThreadPoolEngine {
                     Some(d - now)
                 }
             };
+            if self.prepare_to_block()? {
+                continue;
+            }
             pvio_hv::sys::wait_readable(self.shared.eventfd.as_fd(), left)
                 .map_err(|e| EngineError::sys("poll on the completion eventfd", e))?;
         }

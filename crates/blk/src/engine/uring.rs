@@ -135,7 +135,7 @@ impl UringEngine {
         }
         let vectored_fixed = probe.is_supported(opcode::ReadvFixed::CODE)
             && probe.is_supported(opcode::WritevFixed::CODE);
-        let eventfd = pvio_hv::sys::create_eventfd().map_err(|e| EngineError::sys("eventfd", e))?;
+        let eventfd = super::completion_eventfd()?;
         ring.submitter()
             .register_eventfd(eventfd.as_raw_fd())
             .map_err(|e| EngineError::sys("IORING_REGISTER_EVENTFD", e))?;
@@ -474,9 +474,16 @@ impl Engine for UringEngine {
         self.enter(0, None).map(|_| ())
     }
 
+    fn has_completions(&mut self) -> bool {
+        !self.ring.completion().is_empty()
+    }
+
+    fn prepare_to_block(&mut self) -> Result<bool, EngineError> {
+        super::clear_eventfd(self.eventfd.as_fd())?;
+        Ok(self.has_completions())
+    }
+
     fn reap(&mut self, out: &mut Vec<Completion>) -> Result<usize, EngineError> {
-        pvio_hv::sys::eventfd_consume(self.eventfd.as_fd())
-            .map_err(|e| EngineError::sys("reading the completion eventfd", e))?;
         let mut cqes = std::mem::take(&mut self.cqe_scratch);
         cqes.clear();
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));

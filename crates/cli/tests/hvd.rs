@@ -467,7 +467,7 @@ fn hostile_requests_get_errors_and_hvd_survives() {
         Some(ErrorCode::PermissionDenied)
     );
     assert_eq!(
-        c.evtchn_close(1).unwrap_err().code(),
+        c.evtchn_close(77).unwrap_err().code(),
         Some(ErrorCode::BadPort)
     );
     assert_eq!(
@@ -580,7 +580,16 @@ fn limits_are_real_and_configurable() {
 fn toolstack_creates_and_a_guest_claims() {
     let hvd = Hvd::start(&[]);
     let host = hvd.host();
-    let (domid, token) = host.create_domain("vm1", 64).unwrap();
+    let created = host.create_domain("vm1", 64).unwrap();
+    let (domid, token) = (created.domid, created.token);
+    // Like Xen's domain builder, hvd prepared the xenstore event channel,
+    // offered to dom0, before the guest runs.
+    let st = host.evtchn_status(domid, created.store_port).unwrap();
+    assert_eq!((st.state, st.remote_dom), (EvtchnStat::Unbound, 0));
+    // dom0 (xenstored) may bind it before the guest process exists.
+    let store = host
+        .evtchn_bind_interdomain(domid, created.store_port)
+        .unwrap();
     let doms = host.list_domains().unwrap();
     let d = doms.iter().find(|x| x.domid == domid).unwrap();
     assert!(!d.running);
@@ -593,6 +602,12 @@ fn toolstack_creates_and_a_guest_claims() {
         &["--domid", &domid.to_string(), "--token", &token.to_string()],
     );
     assert_eq!(g.domid, domid);
+    // The guest got the store channel's descriptors with its memory.
+    g.ok("notify-store");
+    assert!(
+        store.wait_timeout(DEADLINE).unwrap(),
+        "store event not delivered"
+    );
     let e = Guest::try_claim(&hvd.socket, domid, token);
     assert!(e.contains("already running"), "{e}");
     // Destroying it from the toolstack disconnects the guest process.

@@ -38,6 +38,19 @@ pub struct GuestDomain {
     /// Shared so that rings and buffers placed in it can hold it alive.
     pub memory: Arc<GuestMemory>,
     pub grants: Arc<GrantTable>,
+    /// The xenstore event channel hvd prepared (offered to dom0); the
+    /// xenbus ring is frame [`crate::memory::STORE_FRAME`].
+    pub store: EventChannel,
+}
+
+/// A domain created by [`HvClient::create_domain`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedDomain {
+    pub domid: DomId,
+    /// What the guest process presents to claim the domain.
+    pub token: u64,
+    /// The guest's xenstore event channel, for `XS_INTRODUCE`.
+    pub store_port: EvtchnPort,
 }
 
 /// A grant mapped by [`HvClient::map_grant_refs`].
@@ -120,8 +133,10 @@ impl HvClient {
     ) -> Result<GuestDomain, HvError> {
         let mut r = reply_payload(buf)?;
         let info = DomainInfo::read(&mut r).map_err(decode_err)?;
-        let mut fds = Self::expect_fds(fds, 2, "domain memory")?.into_iter();
+        let store_port = r.u32("store port").map_err(decode_err)?;
+        let mut fds = Self::expect_fds(fds, 4, "domain memory")?.into_iter();
         let (mem_fd, grant_fd) = (fds.next().unwrap(), fds.next().unwrap());
+        let (store_wait, store_notify) = (fds.next().unwrap(), fds.next().unwrap());
         let memory = Arc::new(GuestMemory::from_fd(mem_fd, info.frames)?);
         let grants = Arc::new(GrantTable::new(GrantTableMem::from_fd(
             &grant_fd,
@@ -134,6 +149,7 @@ impl HvClient {
             },
             memory,
             grants,
+            store: EventChannel::from_fds(store_port, 0, store_wait, store_notify),
         })
     }
 
@@ -164,16 +180,17 @@ impl HvClient {
     }
 
     /// Creates a guest domain for another process to claim (privileged).
-    /// Returns its domid and the claim token.
-    pub fn create_domain(&self, name: &str, frames: u32) -> Result<(DomId, u64), HvError> {
+    pub fn create_domain(&self, name: &str, frames: u32) -> Result<CreatedDomain, HvError> {
         let (buf, _) = self.call(&Request::CreateDomain {
             name: name.to_string(),
             frames,
         })?;
         let mut r = reply_payload(&buf)?;
-        let domid = r.u16("domid").map_err(decode_err)?;
-        let token = r.u64("token").map_err(decode_err)?;
-        Ok((domid, token))
+        Ok(CreatedDomain {
+            domid: r.u16("domid").map_err(decode_err)?,
+            token: r.u64("token").map_err(decode_err)?,
+            store_port: r.u32("store port").map_err(decode_err)?,
+        })
     }
 
     /// Destroys a domain (privileged).

@@ -64,6 +64,13 @@ impl EventChannel {
         Ok(())
     }
 
+    /// Consumes an event known to be pending (after `poll` reported the
+    /// wait fd readable): one `read(2)`. Blocks if none is pending.
+    pub fn take_pending(&self) -> Result<(), HvError> {
+        sys::eventfd_wait(self.wait.as_fd())?;
+        Ok(())
+    }
+
     /// Waits up to `timeout` for an event; true if one arrived (and was
     /// consumed).
     pub fn wait_timeout(&self, timeout: Duration) -> Result<bool, HvError> {

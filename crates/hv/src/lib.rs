@@ -25,7 +25,7 @@ pub mod memory;
 pub mod proto;
 pub mod sys;
 
-pub use client::{GuestDomain, HvClient, MappedGrant};
+pub use client::{CreatedDomain, GuestDomain, HvClient, MappedGrant};
 pub use error::{ErrorCode, GrantFailure, HvError};
 pub use evtchn::EventChannel;
 pub use memory::{ForeignMemory, FrameMapping, Gfn, GuestMemory, Mapping};

@@ -18,6 +18,14 @@ use crate::error::HvError;
 /// A guest frame number: the index of a 4 KiB page in a domain's memory.
 pub type Gfn = u32;
 
+/// The frame of a guest's console page, by pvio's convention (Xen passes
+/// it in `start_info`).
+pub const CONSOLE_FRAME: Gfn = 0;
+/// The frame of a guest's xenbus ring (`struct xenstore_domain_interface`).
+pub const STORE_FRAME: Gfn = 1;
+/// Frames a guest's own allocators must leave alone.
+pub const RESERVED_FRAMES: u32 = 2;
+
 /// One `mmap` of shared memory, unmapped on drop.
 #[derive(Debug)]
 pub struct Mapping {

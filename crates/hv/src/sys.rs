@@ -48,7 +48,11 @@ pub fn eventfd_wait(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
     loop {
         match rustix::io::read(fd, &mut buf) {
             Ok(8) => return Ok(u64::from_ne_bytes(buf)),
-            Ok(n) => return Err(std::io::Error::other(format!("short eventfd read of {n} bytes"))),
+            Ok(n) => {
+                return Err(std::io::Error::other(format!(
+                    "short eventfd read of {n} bytes"
+                )))
+            }
             Err(Errno::INTR) => continue,
             Err(e) => return Err(e.into()),
         }

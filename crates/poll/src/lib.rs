@@ -22,6 +22,7 @@
 //! This crate must never touch a ring or a file descriptor; [`load`] reads
 //! `/proc` only.
 
+pub mod calibrate;
 pub mod load;
 pub mod policy;
 pub mod stats;

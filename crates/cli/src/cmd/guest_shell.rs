@@ -18,6 +18,7 @@
 //! unbound <remote-domid>        -> ok <port>
 //! bind <remote-domid> <port>    -> ok <port>
 //! notify <port>                 -> ok
+//! notify-store                  -> ok          (the xenstore event channel)
 //! wait <port> <timeout-ms>      -> ok event | ok timeout
 //! close <port>                  -> ok
 //! status <port>                 -> ok <state> <remote-dom> <remote-port>
@@ -149,6 +150,10 @@ impl Shell {
                 let p = c.port();
                 self.channels.insert(p, c);
                 p.to_string()
+            }
+            "notify-store" => {
+                self.dom.store.notify()?;
+                String::new()
             }
             "notify" => {
                 self.chan(num(w.next(), "port")?)?.notify()?;

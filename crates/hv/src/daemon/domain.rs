@@ -66,6 +66,8 @@ pub struct Domain {
     pub maptrack_used: u32,
     /// Grants of this domain currently mapped by others.
     pub grants_mapped: u32,
+    /// The xenstore event channel prepared at creation (0 for dom0).
+    pub store_port: EvtchnPort,
 }
 
 impl Domain {
@@ -118,6 +120,7 @@ mod tests {
             next_port: 1,
             maptrack_used: 0,
             grants_mapped: 0,
+            store_port: 0,
         }
     }
 

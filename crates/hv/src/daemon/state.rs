@@ -164,6 +164,9 @@ pub struct HvState {
     kicked: Vec<ConnId>,
 }
 
+/// Owner of ports prepared for a domain no process has claimed yet.
+const NO_CONN: ConnId = 0;
+
 fn refuse<T>(code: ErrorCode, msg: impl Into<String>) -> Result<T, Refusal> {
     Err((code, msg.into()))
 }
@@ -236,6 +239,7 @@ impl HvState {
             next_port: 1,
             maptrack_used: 0,
             grants_mapped: 0,
+            store_port: 0,
         }
     }
 
@@ -313,8 +317,9 @@ impl HvState {
             Request::CreateDomain { name, frames } => {
                 self.privileged(conn, "create domains")?;
                 let domid = self.create_domain(&name, frames)?;
+                let d = self.domain(domid)?;
                 let mut w = Writer::new();
-                w.u16(domid).u64(self.domain(domid)?.token);
+                w.u16(domid).u64(d.token).u32(d.store_port);
                 Ok(Reply::ok(w))
             }
             Request::ClaimDomain { domid, token } => {
@@ -491,7 +496,12 @@ impl HvState {
         )
         .map_err(internal)?;
         let table = GrantTableMem::from_fd(&grant_fd, gframes).map_err(internal)?;
-        let d = self.new_domain(
+        // Like Xen's domain builder, give the guest its xenstore event
+        // channel, offered to dom0, before it runs; the toolstack passes the
+        // port to xenstored with XS_INTRODUCE.
+        let efd = sys::create_eventfd().map_err(internal)?;
+        let peer_efd = sys::create_eventfd().map_err(internal)?;
+        let mut d = self.new_domain(
             domid,
             name.to_string(),
             frames,
@@ -500,6 +510,19 @@ impl HvState {
             Some(table),
             gframes,
         );
+        let port = d.take_free_port(self.config.max_ports()).unwrap_or(1);
+        d.ports.insert(
+            port,
+            Port {
+                owner: NO_CONN,
+                efd,
+                state: PortState::Unbound {
+                    remote_dom: 0,
+                    peer_efd: Some(peer_efd),
+                },
+            },
+        );
+        d.store_port = port;
         self.domains.insert(domid, d);
         tracing::info!(domid, name, frames, "domain created");
         Ok(domid)
@@ -539,10 +562,57 @@ impl HvState {
         }
         d.owner = Some(conn);
         d.pid = pid;
-        let fds = vec![
+        // Ports prepared before the guest ran (its store channel) are the
+        // guest's now.
+        for p in d.ports.values_mut() {
+            if p.owner == NO_CONN {
+                p.owner = conn;
+            }
+        }
+        let store_port = d.store_port;
+        let mut fds = vec![
             dup(d.mem_fd.as_ref().expect("guests have memory"))?,
             dup(d.grant_fd.as_ref().expect("guests have a grant table"))?,
         ];
+        let (wait, peer) = match d.ports.get(&store_port) {
+            Some(sp) => (
+                dup(&sp.efd)?,
+                match &sp.state {
+                    PortState::Unbound {
+                        peer_efd: Some(e), ..
+                    } => Ok(dup(e)?),
+                    PortState::Interdomain {
+                        remote_dom,
+                        remote_port,
+                    } => Err((*remote_dom, *remote_port)),
+                    PortState::Unbound { peer_efd: None, .. } => {
+                        return refuse(
+                            ErrorCode::BadPort,
+                            format!("the store port of domain {domid} was closed"),
+                        )
+                    }
+                },
+            ),
+            None => {
+                return refuse(
+                    ErrorCode::Internal,
+                    format!("domain {domid} lost its store port"),
+                )
+            }
+        };
+        let notify = match peer {
+            Ok(fd) => fd,
+            Err((rd, rp)) => {
+                let p = self
+                    .domains
+                    .get(&rd)
+                    .and_then(|d| d.ports.get(&rp))
+                    .ok_or_else(|| (ErrorCode::Internal, "store port peer missing".to_string()))?;
+                dup(&p.efd)?
+            }
+        };
+        fds.push(wait);
+        fds.push(notify);
         let info = self.domain_info(self.domain(domid)?);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.role = Role::Guest(domid);
@@ -550,6 +620,7 @@ impl HvState {
         tracing::info!(domid, pid, "domain claimed");
         let mut w = Writer::new();
         info.write(&mut w);
+        w.u32(store_port);
         Ok(Reply::ok(w).with_fds(fds))
     }
 

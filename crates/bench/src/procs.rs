@@ -27,9 +27,13 @@ impl Drop for ScratchDir {
     }
 }
 
-/// The `pvio` binary running this benchmark.
+/// The `pvio` binary: `$PVIO_BIN` if set (tests set it), else the binary
+/// running this benchmark.
 pub fn pvio_exe() -> anyhow::Result<PathBuf> {
-    std::env::current_exe().context("locating the pvio binary")
+    match std::env::var_os("PVIO_BIN") {
+        Some(p) => Ok(PathBuf::from(p)),
+        None => std::env::current_exe().context("locating the pvio binary"),
+    }
 }
 
 /// A child process killed on drop.

@@ -27,6 +27,10 @@ enum Command {
     Lsevtchn(cmd::lsevtchn::Args),
     /// Run the xenstore daemon.
     Xenstored(cmd::xenstored::Args),
+    /// Serve one virtual disk to a guest (the blkif backend, like tapdisk3).
+    Tapdisk(cmd::tapdisk::Args),
+    /// Run a guest domain: frontends for its disks and one workload.
+    Guest(pvio_guest::domain::GuestArgs),
     /// Run a benchmark that compares pvio with its baseline in the same run.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -42,6 +46,8 @@ fn main() -> std::process::ExitCode {
         Command::Hvd(a) => cmd::hvd::run(a),
         Command::Lsevtchn(a) => cmd::lsevtchn::run(a),
         Command::Xenstored(a) => cmd::xenstored::run(a),
+        Command::Tapdisk(a) => cmd::tapdisk::run(a),
+        Command::Guest(a) => pvio_guest::domain::run(a),
         Command::Bench(b) => cmd::bench::run(b),
         Command::Internal(i) => cmd::internal::run(i),
     };

@@ -32,7 +32,8 @@ use pvio_xenstore::Client;
 
 use crate::device::DiskInfo;
 use crate::xenbus_keys::{backend as bk, frontend as fk};
-use queue::{BlkQueue, GrantedPages, QueueShared, RingState};
+pub use queue::BlkQueue;
+use queue::{GrantedPages, QueueShared, RingState};
 
 /// How a guest wants a disk set up.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@ pub mod guest_shell;
 pub mod hvd;
 pub mod internal;
 pub mod lsevtchn;
+pub mod tapdisk;
 pub mod xenstored;
 
 /// Logs go to stderr, filtered by `PVIO_LOG` (e.g. `PVIO_LOG=debug`), `info` by default.

@@ -42,7 +42,11 @@ impl OpStats {
         self.ios += 1;
         self.bytes += bytes;
         let ns = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX).max(1);
-        self.hist.saturating_record(ns);
+        // `record`, not `saturating_record`: the histogram auto-resizes, and
+        // saturating would clamp every value to its initial 2 ns range.
+        if self.hist.record(ns).is_err() {
+            self.hist.saturating_record(ns);
+        }
     }
 
     /// The report over `runtime`.
@@ -124,5 +128,22 @@ impl VerifyStats {
                 r.first_failures.push(f.clone());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod latency_tests {
+    use super::*;
+
+    #[test]
+    fn latencies_keep_their_magnitude() {
+        let mut s = OpStats::default();
+        for us in [50u64, 100, 150, 1000, 20_000] {
+            s.record(Duration::from_micros(us), 4096);
+        }
+        let l = latency_of(&s.hist);
+        assert!((149.0..=151.0).contains(&l.p50), "{l:?}");
+        assert!((19_900.0..=20_100.0).contains(&l.max), "{l:?}");
+        assert!((49.0..=51.0).contains(&l.min), "{l:?}");
     }
 }

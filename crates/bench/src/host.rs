@@ -1,0 +1,305 @@
+//! A minimal host for benchmarks and tests of the datapath: a private
+//! `pvio hvd` and `pvio xenstored`, and the few toolstack steps a VBD needs
+//! (create the domain, write its xenstore home and the VBD's frontend and
+//! backend directories with libxl's permissions, introduce the domain to
+//! xenstored, start a tapdisk and the guest process).
+//!
+//! It is not the toolstack (that is `pvio toolstackd`); it is the smallest
+//! correct sequence, kept in one place so benches and tests agree.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use pvio_hv::{CreatedDomain, HvClient};
+use pvio_xenstore::{Access, Client, Perm, Perms};
+
+use crate::procs::{pvio_exe, start_hvd, ChildGuard, ScratchDir};
+
+/// The xvd device id of disk `n` (xvda = 51712), per docs/misc/vbd-interface.txt.
+pub fn xvd_devid(n: u32) -> u32 {
+    if n < 16 {
+        (202 << 8) | (n << 4)
+    } else {
+        (1 << 28) | (n << 8)
+    }
+}
+
+/// hvd, xenstored and a runtime to talk to them.
+pub struct MiniHost {
+    pub dir: ScratchDir,
+    pub hvd_socket: PathBuf,
+    pub xs_socket: PathBuf,
+    _hvd: ChildGuard,
+    _xenstored: ChildGuard,
+    pub host: HvClient,
+    rt: tokio::runtime::Runtime,
+    xs: Client,
+}
+
+/// A VBD set up by [`MiniHost::add_vbd`].
+#[derive(Debug, Clone)]
+pub struct Vbd {
+    pub domid: u16,
+    pub devid: u32,
+    pub backend: String,
+    pub frontend: String,
+}
+
+impl MiniHost {
+    /// Starts hvd and xenstored in a scratch directory.
+    pub fn start(tag: &str) -> anyhow::Result<Self> {
+        let dir = ScratchDir::new(tag)?;
+        let hvd_socket = dir.0.join("hvd.sock");
+        let xs_socket = dir.0.join("xenstored.sock");
+        let hvd = start_hvd(&hvd_socket)?;
+        let xenstored = Command::new(pvio_exe()?)
+            .arg("xenstored")
+            .arg("--socket")
+            .arg(&xs_socket)
+            .env("PVIO_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting pvio xenstored")?;
+        let mut xenstored = ChildGuard(xenstored);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let end = Instant::now() + Duration::from_secs(20);
+        let xs = loop {
+            if let Some(st) = xenstored.0.try_wait()? {
+                bail!("pvio xenstored exited at start: {st}");
+            }
+            if let Ok(c) = rt.block_on(Client::connect(&xs_socket)) {
+                break c;
+            }
+            if Instant::now() > end {
+                bail!("pvio xenstored did not start");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let host = HvClient::connect_host(&hvd_socket)?;
+        Ok(Self {
+            dir,
+            hvd_socket,
+            xs_socket,
+            _hvd: hvd,
+            _xenstored: xenstored,
+            host,
+            rt,
+            xs,
+        })
+    }
+
+    /// Runs an async xenstore operation to completion.
+    pub fn xs<T>(
+        &self,
+        f: impl AsyncFnOnce(&Client) -> Result<T, pvio_xenstore::Error>,
+    ) -> anyhow::Result<T> {
+        Ok(self.rt.block_on(f(&self.xs))?)
+    }
+
+    /// Creates a domain of `memory_mib` and its xenstore home, and
+    /// introduces it to xenstored.
+    pub fn create_domain(&self, name: &str, memory_mib: u32) -> anyhow::Result<CreatedDomain> {
+        let d = self.host.create_domain(name, memory_mib * 256)?;
+        let home = format!("/local/domain/{}", d.domid);
+        let name = name.to_string();
+        self.xs(async |xs| {
+            xs.transaction(async |t| {
+                t.write(&format!("{home}/name"), &name).await?;
+                t.write(&format!("{home}/domid"), d.domid.to_string())
+                    .await?;
+                t.mkdir(&format!("{home}/device")).await?;
+                t.mkdir(&format!("{home}/data")).await?;
+                Ok(())
+            })
+            .await?;
+            let owned = Perms::owned_by(d.domid);
+            for sub in ["", "/device", "/data", "/name", "/domid"] {
+                xs.set_perms(&format!("{home}{sub}"), &owned).await?;
+            }
+            xs.introduce(
+                d.domid,
+                u64::from(pvio_hv::memory::STORE_FRAME),
+                d.store_port,
+            )
+            .await?;
+            Ok(())
+        })?;
+        Ok(d)
+    }
+
+    /// Writes a VBD's frontend and backend directories (libxl's layout and
+    /// permissions) in one transaction. `extra` adds backend keys such as
+    /// `pvio-polling`.
+    pub fn add_vbd(
+        &self,
+        domid: u16,
+        devid: u32,
+        image: &Path,
+        writable: bool,
+        extra: &[(&str, String)],
+    ) -> anyhow::Result<Vbd> {
+        let fe = format!("/local/domain/{domid}/device/vbd/{devid}");
+        let be = format!("/local/domain/0/backend/vbd/{domid}/{devid}");
+        let fe_keys: Vec<(String, String)> = vec![
+            ("backend".into(), be.clone()),
+            ("backend-id".into(), "0".into()),
+            ("state".into(), "1".into()),
+            ("virtual-device".into(), devid.to_string()),
+            ("device-type".into(), "disk".into()),
+        ];
+        let mut be_keys: Vec<(String, String)> = vec![
+            ("frontend".into(), fe.clone()),
+            ("frontend-id".into(), domid.to_string()),
+            ("online".into(), "1".into()),
+            ("state".into(), "1".into()),
+            ("params".into(), image.display().to_string()),
+            ("type".into(), "file".into()),
+            ("mode".into(), if writable { "w" } else { "r" }.into()),
+            ("device-type".into(), "disk".into()),
+            (
+                "dev".into(),
+                format!("xvd{}", (b'a' + (devid >> 4 & 0xf) as u8) as char),
+            ),
+        ];
+        be_keys.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let (fe2, be2) = (fe.clone(), be.clone());
+        self.xs(async |xs| {
+            xs.transaction(async |t| {
+                for (k, v) in &fe_keys {
+                    t.write(&format!("{fe2}/{k}"), v).await?;
+                }
+                for (k, v) in &be_keys {
+                    t.write(&format!("{be2}/{k}"), v).await?;
+                }
+                // libxl__device_generic_add: the frontend is the guest's,
+                // readable by the backend; the backend is dom0's, readable
+                // by the guest.
+                let fe_perms = Perms::new(vec![
+                    Perm::new(Access::None, domid),
+                    Perm::new(Access::Read, 0),
+                ])
+                .expect("two entries");
+                let be_perms = Perms::new(vec![
+                    Perm::new(Access::None, 0),
+                    Perm::new(Access::Read, domid),
+                ])
+                .expect("two entries");
+                t.set_perms(&fe2, &fe_perms).await?;
+                for (k, _) in &fe_keys {
+                    t.set_perms(&format!("{fe2}/{k}"), &fe_perms).await?;
+                }
+                t.set_perms(&be2, &be_perms).await?;
+                for (k, _) in &be_keys {
+                    t.set_perms(&format!("{be2}/{k}"), &be_perms).await?;
+                }
+                Ok(())
+            })
+            .await
+        })?;
+        Ok(Vbd {
+            domid,
+            devid,
+            backend: be,
+            frontend: fe,
+        })
+    }
+
+    /// Starts `pvio tapdisk` for a VBD.
+    pub fn start_tapdisk(&self, vbd: &Vbd, extra: &[&str]) -> anyhow::Result<ChildGuard> {
+        let stats = self
+            .dir
+            .0
+            .join(format!("tapdisk-{}-{}.json", vbd.domid, vbd.devid));
+        let child = Command::new(pvio_exe()?)
+            .arg("tapdisk")
+            .arg("--backend")
+            .arg(&vbd.backend)
+            .arg("--hvd-socket")
+            .arg(&self.hvd_socket)
+            .arg("--xenstore-socket")
+            .arg(&self.xs_socket)
+            .arg("--stats-file")
+            .arg(&stats)
+            .args(extra)
+            .env(
+                "PVIO_LOG",
+                std::env::var("PVIO_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting pvio tapdisk")?;
+        Ok(ChildGuard(child))
+    }
+
+    /// The stats file a tapdisk started by [`MiniHost::start_tapdisk`] writes.
+    pub fn tapdisk_stats(&self, vbd: &Vbd) -> anyhow::Result<serde_json::Value> {
+        let p = self
+            .dir
+            .0
+            .join(format!("tapdisk-{}-{}.json", vbd.domid, vbd.devid));
+        let text =
+            std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        Ok(serde_json::from_str(&text)?)
+    }
+
+    /// The `pvio guest` command line for domain `d` (add the workload).
+    pub fn guest_command(&self, d: &CreatedDomain) -> anyhow::Result<Command> {
+        let mut c = Command::new(pvio_exe()?);
+        c.arg("guest")
+            .arg("--hvd-socket")
+            .arg(&self.hvd_socket)
+            .arg("--xenstore-socket")
+            .arg(&self.xs_socket)
+            .arg("--domid")
+            .arg(d.domid.to_string())
+            .arg("--token")
+            .arg(d.token.to_string())
+            .env(
+                "PVIO_LOG",
+                std::env::var("PVIO_LOG").unwrap_or_else(|_| "warn".into()),
+            );
+        Ok(c)
+    }
+
+    /// Waits until the xenstore node `path` reads `value`.
+    pub fn wait_for_value(&self, path: &str, value: &str, timeout: Duration) -> anyhow::Result<()> {
+        let end = Instant::now() + timeout;
+        loop {
+            let v = self.xs(async |xs| xs.try_read(path).await)?;
+            if v.as_deref() == Some(value.as_bytes()) {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                bail!(
+                    "{path} did not become {value:?} (it is {:?})",
+                    v.map(|b| String::from_utf8_lossy(&b).into_owned())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// Creates a raw image of `bytes` filled with a pattern (so reads of it are
+/// real reads, not holes), under `dir`.
+pub fn make_image(dir: &Path, name: &str, bytes: u64) -> anyhow::Result<PathBuf> {
+    use std::io::Write;
+    let p = dir.join(name);
+    let mut f = std::fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
+    let mut block = vec![0u8; 1 << 20];
+    for (i, b) in block.iter_mut().enumerate() {
+        *b = (i * 7 + 13) as u8;
+    }
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        f.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()?;
+    Ok(p)
+}

@@ -15,6 +15,7 @@ pub mod grants;
 pub mod metrics;
 pub mod queue;
 pub mod transport;
+pub mod waiter;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -26,12 +26,12 @@ use pvio_abi::blkif::{
 };
 use pvio_abi::DomId;
 use pvio_hv::{EventChannel, ForeignMemory, FrameMapping};
-use pvio_poll::{HostLoad, Idle, Pickup, PollPolicy, Poller};
+use pvio_poll::{HostLoad, PollPolicy};
 use pvio_ring::{BackRing, RingError};
-use rustix::event::{PollFd, PollFlags};
 
 use super::grants::{GrantError, GrantMapper};
 use super::metrics::QueueMetrics;
+use super::waiter::{WaitError, Waiter};
 use crate::engine::{Completion, CompletionError, Engine, FileId, IoBuf};
 use crate::image::{Extent, Image, MapOp, MapOutcome};
 use crate::request::{error_response, Operation, Request, RequestError};
@@ -98,6 +98,8 @@ pub enum QueueError {
     Evtchn(#[from] pvio_hv::HvError),
     #[error("waiting for events: {0}")]
     Poll(#[from] std::io::Error),
+    #[error("{0}")]
+    Wait(#[from] WaitError),
 }
 
 /// Where a request is in its life.
@@ -173,9 +175,7 @@ struct Queue {
     grants: GrantMapper,
     image: Arc<dyn Image>,
     limits: crate::request::DiskLimits,
-    load: HostLoad,
-    req_poller: Poller,
-    io_poller: Poller,
+    waiter: Waiter,
     splitter: Splitter,
     metrics: Arc<QueueMetrics>,
     stop: Arc<StopSignal>,
@@ -186,7 +186,6 @@ struct Queue {
     barrier: Option<u32>,
     responses: u32,
     stopping: bool,
-    suppressed: bool,
     extents: Vec<Extent>,
     frames: Vec<u32>,
     completions: Vec<Completion>,
@@ -252,9 +251,7 @@ impl Queue {
             grants: s.grants,
             image: s.image,
             limits: s.limits,
-            load: s.load,
-            req_poller: Poller::new(s.poll),
-            io_poller: Poller::new(s.poll),
+            waiter: Waiter::new(s.poll, s.load),
             splitter: Splitter::new(s.split),
             metrics: s.metrics,
             stop: s.stop,
@@ -264,7 +261,6 @@ impl Queue {
             barrier: None,
             responses: 0,
             stopping: false,
-            suppressed: false,
             extents: Vec::new(),
             frames: Vec::new(),
             completions: Vec::with_capacity(depth * 2),
@@ -724,118 +720,31 @@ impl Queue {
         self.respond(&p.req.response(p.status));
     }
 
-    /// Nothing to do: spin or block, as the poller for what we wait for says.
+    /// Nothing to do: the waiter spins or blocks, as its pollers say.
     fn idle(&mut self) -> Result<(), QueueError> {
-        let waiting_io = self.engine.in_flight() > 0;
-        let now = pvio_poll::now_ns();
-        let poller = if waiting_io {
-            &mut self.io_poller
-        } else {
-            &mut self.req_poller
-        };
-        match poller.idle(now, &self.load) {
-            Idle::Spin { until } => {
-                if !self.suppressed {
-                    // Look at the ring ourselves: the frontend need not notify.
-                    self.ring.set_req_event(self.ring.req_cons());
-                    self.suppressed = true;
-                }
-                loop {
-                    if self.ring.has_unconsumed_requests()
-                        || (waiting_io && self.engine.has_completions())
-                        || self.stop.requested()
-                    {
-                        let t = pvio_poll::now_ns();
-                        self.arrived(waiting_io, t, Pickup::Polled);
-                        break;
-                    }
-                    if pvio_poll::now_ns() >= until {
-                        break;
-                    }
-                    std::hint::spin_loop();
-                }
-            }
-            Idle::Block { wake_at } => {
-                self.suppressed = false;
-                if self.ring.final_check_for_requests()?
-                    || (waiting_io && self.engine.prepare_to_block()?)
-                {
-                    let t = pvio_poll::now_ns();
-                    self.arrived(waiting_io, t, Pickup::Polled);
-                    self.export_poll_stats();
-                    return Ok(());
-                }
-                let timeout = wake_at.map(|w| {
-                    let d = w.saturating_sub(pvio_poll::now_ns());
-                    rustix::time::Timespec {
-                        tv_sec: (d / 1_000_000_000) as i64,
-                        tv_nsec: (d % 1_000_000_000) as i64,
-                    }
-                });
-                let (ev, io) = {
-                    let (a, b, c) = (
-                        self.chan.wait_fd(),
-                        self.engine.notify_fd(),
-                        self.stop.efd.as_fd(),
-                    );
-                    let mut fds = [
-                        PollFd::new(&a, PollFlags::IN),
-                        PollFd::new(&b, PollFlags::IN),
-                        PollFd::new(&c, PollFlags::IN),
-                    ];
-                    match rustix::event::poll(&mut fds, timeout.as_ref()) {
-                        Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                        Err(e) => return Err(QueueError::Poll(e.into())),
-                    }
-                    (
-                        fds[0].revents().contains(PollFlags::IN),
-                        fds[1].revents().contains(PollFlags::IN),
-                    )
-                };
-                let t = pvio_poll::now_ns();
-                if waiting_io {
-                    self.io_poller.woke(t, wake_at);
-                } else {
-                    self.req_poller.woke(t, wake_at);
-                }
-                if ev {
-                    self.chan.take_pending()?;
-                    QueueMetrics::add(&self.metrics.events_received, 1);
-                }
-                if self.ring.has_unconsumed_requests()
-                    || self.engine.has_completions()
-                    || self.stop.requested()
-                {
-                    let how = if ev || io {
-                        Pickup::Event
-                    } else {
-                        Pickup::Timer
-                    };
-                    self.arrived(waiting_io, t, how);
-                }
-                QueueMetrics::set(&self.metrics.cpu_ns, pvio_poll::thread_cpu_ns());
-            }
+        let stop = self.stop.clone();
+        let woken = self.waiter.idle(
+            &mut self.ring,
+            &self.chan,
+            Some(self.engine.as_mut()),
+            stop.efd.as_fd(),
+            &|| stop.requested(),
+        )?;
+        if woken.event {
+            QueueMetrics::add(&self.metrics.events_received, 1);
         }
         self.export_poll_stats();
         Ok(())
     }
 
-    fn arrived(&mut self, io: bool, now: u64, how: Pickup) {
-        let p = if io {
-            &mut self.io_poller
-        } else {
-            &mut self.req_poller
-        };
-        p.arrived(now, how, &self.load);
-    }
-
     fn export_poll_stats(&self) {
-        let (a, b) = (self.req_poller.stats(), self.io_poller.stats());
+        let s = self.waiter.stats();
         let m = &self.metrics;
-        QueueMetrics::set(&m.polls, a.polls + b.polls);
-        QueueMetrics::set(&m.poll_hits, a.poll_hits + b.poll_hits);
-        QueueMetrics::set(&m.poll_ns, a.spin_ns + b.spin_ns);
-        QueueMetrics::set(&m.timed_sleeps, a.timed_blocks + b.timed_blocks);
+        QueueMetrics::set(&m.polls, s.polls);
+        QueueMetrics::set(&m.poll_hits, s.poll_hits);
+        QueueMetrics::set(&m.poll_ns, s.spin_ns);
+        QueueMetrics::set(&m.timed_sleeps, s.timed_blocks);
+        QueueMetrics::set(&m.cpu_ns, pvio_poll::thread_cpu_ns());
     }
 
     /// Drains the engine and answers whatever is left, then releases grants.
@@ -853,7 +762,6 @@ impl Queue {
         if self.responses > 0 && self.ring.push_responses_and_check_notify() {
             let _ = self.chan.notify();
         }
-        QueueMetrics::set(&self.metrics.cpu_ns, pvio_poll::thread_cpu_ns());
         self.export_poll_stats();
         self.grants.unmap_all();
     }

@@ -16,6 +16,8 @@ pub enum InternalCommand {
     RingPing(pvio_bench::ring::PingArgs),
     /// The frontend domain of `pvio bench ring`.
     RingFrontend(pvio_bench::ring::FrontendArgs),
+    /// The frontend domain of `pvio bench blk`'s gap sweep.
+    GapFrontend(pvio_bench::blk::gap::GapFrontendArgs),
 }
 
 /// Options of `pvio internal map-and-hold`.
@@ -55,5 +57,6 @@ pub fn run(cmd: InternalCommand) -> anyhow::Result<()> {
         InternalCommand::MapAndHold(a) => map_and_hold(a),
         InternalCommand::RingPing(a) => pvio_bench::ring::ping_main(a),
         InternalCommand::RingFrontend(a) => pvio_bench::ring::frontend_main(a),
+        InternalCommand::GapFrontend(a) => pvio_bench::blk::gap::frontend_main(a),
     }
 }

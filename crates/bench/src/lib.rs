@@ -5,6 +5,7 @@
 //! This crate owns workload generators and measurement; it never defines a
 //! protocol or a policy of its own, it only drives the crates below it.
 
+pub mod blk;
 pub mod host;
 pub mod procs;
 pub mod report;

@@ -82,6 +82,10 @@ pub struct GuestArgs {
     /// Connect the disks and wait for SIGTERM.
     #[arg(long)]
     pub idle: bool,
+    /// After the workload, stay connected but idle for this many seconds
+    /// (to measure what an idle guest costs the backend).
+    #[arg(long, default_value_t = 0.0)]
+    pub linger: f64,
 }
 
 /// Runs the guest until its workload ends.
@@ -173,6 +177,9 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         all_queues.push(queues);
     }
     let result = workload(&args, spec, domid, &xs, &mut all_queues).await;
+    if result.is_ok() && args.linger > 0.0 {
+        tokio::time::sleep(Duration::from_secs_f64(args.linger)).await;
+    }
     stop.notify_waiters();
     for s in supervisors {
         let _ = tokio::time::timeout(Duration::from_secs(15), s).await;
@@ -216,10 +223,16 @@ async fn workload(
         })
         .await??;
         let r = &outcome.report;
-        if json {
-            println!("{}", r.to_json());
-        } else {
-            print!("{r}");
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if json {
+                // One line, so a harness can read it while the guest lingers.
+                writeln!(out, "{}", serde_json::to_string(r)?)?;
+            } else {
+                write!(out, "{r}")?;
+            }
+            out.flush()?;
         }
         if !r.ok() {
             bail!("the job reported errors or verify failures");

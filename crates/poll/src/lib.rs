@@ -14,10 +14,12 @@
 //!   that slides with every hit, only if the host was idle enough when polling
 //!   started (default 1000 µs and 50 % idle, sampled every second).
 //! * `adaptive`: learn the idle gap before the next request and the cost of a
-//!   wake-up; spin when spinning costs less CPU than the latency it saves,
-//!   sleep until just before the predicted arrival when arrivals are regular,
-//!   and block on the event otherwise; never while other tasks wait for a CPU,
-//!   and never once the stream has gone quiet.
+//!   wake-up; spin through gaps up to a few wake-ups long (a disk I/O, a
+//!   frontend's turnaround), sleep until just before the predicted arrival
+//!   through longer ones (spinning at most one wake-up's worth around it,
+//!   and backing off when predictions miss), and block on the event
+//!   otherwise; never while other tasks wait for a CPU, and never once the
+//!   stream has gone quiet.
 //!
 //! This crate must never touch a ring or a file descriptor; [`load`] reads
 //! `/proc` only.

@@ -74,7 +74,7 @@ struct Shared {
 }
 
 /// The host's load, sampled like cpumond (a background thread) and checked
-/// for contention on demand (at most once per `recheck` interval).
+/// for contention on demand (at most once every 2 ms).
 #[derive(Clone)]
 pub struct HostLoad {
     shared: Arc<Shared>,
@@ -98,7 +98,7 @@ impl HostLoad {
             checked_ns: AtomicU64::new(0),
             contended: AtomicBool::new(false),
             cpus,
-            recheck_ns: 500_000,
+            recheck_ns: 2_000_000,
             stop: AtomicBool::new(false),
         });
         let s = Arc::downgrade(&shared);

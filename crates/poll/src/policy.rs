@@ -19,6 +19,9 @@
 use crate::load::LoadView;
 use crate::stats::PollStats;
 
+/// Timer lateness assumed before any has been measured.
+const DEFAULT_TIMER_LATE_NS: f64 = 30_000.0;
+
 /// tapdisk3's rule (xapi defaults: `polling-duration` 1000 µs,
 /// `polling-idle-threshold` 50 %).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -44,8 +47,10 @@ pub struct AdaptiveConfig {
     /// Latency an event-channel wake-up adds (the caller calibrates it; on
     /// this 2-vCPU VM a cross-CPU wake costs 25–45 µs).
     pub wake_cost_ns: u64,
-    /// CPU the policy may spend spinning per unit of latency it saves; 1.0
-    /// means a spin must pay for itself.
+    /// How long a spin through a whole expected gap may be, in wake-up
+    /// costs: with 4 (the default) a consumer spins through gaps up to four
+    /// wake-ups long — a disk I/O or a frontend's turnaround — and sleeps
+    /// (with a timer before predicted arrivals) through longer ones.
     pub spin_per_saved: f64,
     /// Longest single spin before the policy looks again (and re-checks the
     /// host load).
@@ -62,7 +67,7 @@ impl Default for AdaptiveConfig {
     fn default() -> Self {
         Self {
             wake_cost_ns: 30_000,
-            spin_per_saved: 1.0,
+            spin_per_saved: 4.0,
             max_spin_slice_ns: 200_000,
             slack_ns: 2_000,
             min_sleep_ns: 15_000,
@@ -177,6 +182,14 @@ pub struct Poller {
     timer_late: Ewma,
     /// tapdisk3: polling until this time.
     polling_until: Option<u64>,
+    /// Adaptive: a timed sleep before a predicted arrival is pending.
+    predicting: bool,
+    /// Adaptive: predictions missed in a row.
+    miss_streak: u32,
+    /// Adaptive: arrivals to wait before predicting again.
+    skip_predictions: u32,
+    /// Adaptive: the deadline of the timer that last woke the consumer.
+    last_deadline: Option<u64>,
 }
 
 impl Poller {
@@ -191,6 +204,10 @@ impl Poller {
             outliers: 0,
             timer_late: Ewma::default(),
             polling_until: None,
+            predicting: false,
+            miss_streak: 0,
+            skip_predictions: 0,
+            last_deadline: None,
         }
     }
 
@@ -247,14 +264,27 @@ impl Poller {
                 self.stats.woken += 1;
             }
         }
+        if let PollPolicy::Adaptive(_) = self.policy {
+            // A request already waiting when the timer fired was predicted
+            // late but still picked up cheaply: not a miss.
+            self.score_prediction(how != Pickup::Event);
+        }
         if let (PollPolicy::Adaptive(cfg), Some(since)) = (self.policy, self.idle_since) {
-            let mut sample = now.saturating_sub(since);
-            if how == Pickup::Event {
+            let sample = match how {
+                Pickup::Polled => now.saturating_sub(since),
                 // The event's own wake-up delayed the pickup.
-                sample = sample.saturating_sub(cfg.wake_cost_ns);
-            }
+                Pickup::Event => now.saturating_sub(since).saturating_sub(cfg.wake_cost_ns),
+                // It arrived before our deadline (else the timer would have
+                // found nothing): learn the deadline, so the next prediction
+                // comes earlier until it catches the arrival spinning.
+                Pickup::Timer => self
+                    .last_deadline
+                    .map_or(now, |d| d.min(now))
+                    .saturating_sub(since),
+            };
             self.learn_gap(sample as f64, cfg);
         }
+        self.last_deadline = None;
         self.idle_since = None;
         if let PollPolicy::Tapdisk3(cfg) = self.policy {
             // Every batch slides the window; entering polling needs idle CPU,
@@ -287,6 +317,7 @@ impl Poller {
             if now >= t {
                 self.timer_late
                     .add(now.saturating_sub(t) as f64, cfg.ewma_shift);
+                self.last_deadline = Some(t);
             }
         }
     }
@@ -312,39 +343,73 @@ impl Poller {
         if self.gap.n < 2 {
             return self.block(now, None);
         }
-        if load.contended(now) {
-            self.stats.busy_refusals += 1;
-            return self.block(now, None);
-        }
         let gap = self.gap.mean;
         let dev = self.gap.dev;
         let slack = cfg.slack_ns as f64;
-        // The latest time the next arrival is still expected.
-        let expect_end = since + (gap + 2.0 * dev + slack) as u64;
+        let wake = cfg.wake_cost_ns as f64;
+        // Spinning through the whole expected gap pays when the host has a
+        // CPU to spare and the spin is at most `spin_per_saved` wake-ups.
+        let spin_pays = gap + 2.0 * dev + slack <= wake * cfg.spin_per_saved;
+        // Around a predicted arrival, spin at most one wake-up's worth.
+        let half = (2.0 * dev + slack).clamp(slack, wake / 2.0);
+        let expect_end = if spin_pays {
+            since + (gap + 2.0 * dev + slack) as u64
+        } else {
+            since + (gap + half) as u64
+        };
         if now >= expect_end {
             // Missed (or the guest went quiet): never keep a core busy for
             // a stream that has stopped.
             return self.block(now, None);
         }
         let slice_end = expect_end.min(now + cfg.max_spin_slice_ns);
-        // Spinning through the whole expected gap pays when it costs no
-        // more CPU than the wake-up latency it saves.
-        if gap + 2.0 * dev + slack <= cfg.wake_cost_ns as f64 * cfg.spin_per_saved {
+        // Spinning (now, or after a timer) takes a CPU that others may
+        // need: look at the host only when about to do it.
+        if load.contended(now) {
+            self.stats.busy_refusals += 1;
+            return self.block(now, None);
+        }
+        if spin_pays {
             return self.spin(now, slice_end);
         }
-        // Long gap: if arrivals are regular enough that the spin around the
-        // predicted arrival (from an early timer wake to the end of the
-        // expected window) pays for itself, sleep until just before it.
-        let lead = 2.0 * dev + slack + self.timer_late.mean + 2.0 * self.timer_late.dev;
-        let window = lead + 2.0 * dev + slack;
-        if window <= cfg.wake_cost_ns as f64 * cfg.spin_per_saved {
-            let wake_at = since + (gap - lead).max(0.0) as u64;
-            if wake_at <= now + cfg.min_sleep_ns {
-                return self.spin(now, slice_end);
-            }
-            return self.block(now, Some(wake_at));
+        if self.skip_predictions > 0 {
+            return self.block(now, None);
         }
-        self.block(now, None)
+        // Long gap: sleep until just before the predicted arrival, early by
+        // the timer's usual lateness plus one deviation (about its 75th
+        // percentile: on a VM every sleep costs a wake-up's CPU, so one
+        // sleep and a short spin beat a second, more precise sleep), then
+        // spin briefly around the arrival.
+        let late = if self.timer_late.n == 0 {
+            DEFAULT_TIMER_LATE_NS
+        } else {
+            self.timer_late.mean + self.timer_late.dev
+        };
+        let wake_at = since + (gap - half - late).max(0.0) as u64;
+        self.predicting = true;
+        if wake_at <= now + cfg.min_sleep_ns {
+            return self.spin(now, slice_end);
+        }
+        self.block(now, Some(wake_at))
+    }
+
+    /// Scores a prediction when its arrival comes: a hit sharpens nothing
+    /// more (the precise sample already did), repeated misses back off.
+    fn score_prediction(&mut self, hit: bool) {
+        if !std::mem::take(&mut self.predicting) {
+            if self.skip_predictions > 0 {
+                self.skip_predictions -= 1;
+            }
+            return;
+        }
+        if hit {
+            self.miss_streak = 0;
+        } else {
+            self.miss_streak = self.miss_streak.saturating_add(1);
+            if self.miss_streak >= 3 {
+                self.skip_predictions = 1u32 << (self.miss_streak - 3).min(6);
+            }
+        }
     }
 }
 
@@ -490,9 +555,9 @@ mod tests {
                 "gap {gap}: adaptive p50 {} vs best {best} ({st:?})",
                 ad.latency_p50
             );
-            // Where spinning costs more CPU than the wake-up it saves,
-            // adaptive must stay close to off's CPU.
-            if gap > s.wake {
+            // Where spinning through the gap is beyond the spin budget,
+            // polling cannot pay: adaptive must stay close to off's CPU.
+            if gap as f64 > s.wake as f64 * AdaptiveConfig::default().spin_per_saved {
                 assert!(
                     ad.cpu_per_req <= 1.5 * off.cpu_per_req,
                     "gap {gap}: adaptive cpu {} vs off {} ({st:?})",

@@ -733,18 +733,22 @@ impl Queue {
         if woken.event {
             QueueMetrics::add(&self.metrics.events_received, 1);
         }
-        self.export_poll_stats();
+        self.export_poll_stats(woken.blocked);
         Ok(())
     }
 
-    fn export_poll_stats(&self) {
+    /// Publishes the poller's counters; the thread's CPU time (a system
+    /// call) only after blocking, never on the spinning path.
+    fn export_poll_stats(&self, with_cpu: bool) {
         let s = self.waiter.stats();
         let m = &self.metrics;
         QueueMetrics::set(&m.polls, s.polls);
         QueueMetrics::set(&m.poll_hits, s.poll_hits);
         QueueMetrics::set(&m.poll_ns, s.spin_ns);
         QueueMetrics::set(&m.timed_sleeps, s.timed_blocks);
-        QueueMetrics::set(&m.cpu_ns, pvio_poll::thread_cpu_ns());
+        if with_cpu {
+            QueueMetrics::set(&m.cpu_ns, pvio_poll::thread_cpu_ns());
+        }
     }
 
     /// Drains the engine and answers whatever is left, then releases grants.
@@ -762,7 +766,7 @@ impl Queue {
         if self.responses > 0 && self.ring.push_responses_and_check_notify() {
             let _ = self.chan.notify();
         }
-        self.export_poll_stats();
+        self.export_poll_stats(true);
         self.grants.unmap_all();
     }
 }

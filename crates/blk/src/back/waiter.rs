@@ -37,6 +37,8 @@ pub enum WaitError {
 pub struct Woken {
     /// An event-channel notification was consumed.
     pub event: bool,
+    /// The queue blocked (rather than spun).
+    pub blocked: bool,
 }
 
 /// The idle half of a backend queue's loop.
@@ -124,9 +126,12 @@ impl Waiter {
             }
             Idle::Block { wake_at } => {
                 self.suppressed = false;
+                // Always clear the engine's fd before blocking: a completion
+                // reaped by polling leaves it readable, and a readable fd in
+                // the poll set would turn blocking into a busy loop.
                 let io_ready = match engine.as_deref_mut() {
-                    Some(e) if waiting_io => e.prepare_to_block()?,
-                    _ => false,
+                    Some(e) => e.prepare_to_block()?,
+                    None => false,
                 };
                 if ring.final_check_for_requests()? || io_ready {
                     self.arrived(waiting_io, pvio_poll::now_ns(), Pickup::Polled);
@@ -180,7 +185,10 @@ impl Waiter {
                     };
                     self.arrived(waiting_io, t, how);
                 }
-                Ok(Woken { event: ev })
+                Ok(Woken {
+                    event: ev,
+                    blocked: true,
+                })
             }
         }
     }

@@ -75,14 +75,15 @@ impl FrontendConfig {
     }
 }
 
-/// The frontend's default: adaptive, allowed to spin up to three times the
-/// wake-up cost it saves — a guest waiting on its own I/O spends its own
-/// vCPU, and the host-load gate still stops it when others need the CPU.
+/// The frontend's default: adaptive, calibrated to this host's wake-up
+/// cost. A guest waiting on its own I/O spends its own vCPU spinning, and
+/// the host-load gate stops it when others need the CPU.
 pub fn frontend_default_policy() -> PollPolicy {
-    PollPolicy::Adaptive(AdaptiveConfig {
-        spin_per_saved: 3.0,
-        ..AdaptiveConfig::default()
-    })
+    let mut cfg = AdaptiveConfig::default();
+    if let Ok(ns) = pvio_poll::calibrate::wake_cost_ns(30) {
+        cfg.wake_cost_ns = ns.clamp(2_000, 200_000);
+    }
+    PollPolicy::Adaptive(cfg)
 }
 
 /// Why a disk could not be connected.

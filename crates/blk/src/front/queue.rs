@@ -116,6 +116,34 @@ impl BlkQueue {
         *self.poller.stats()
     }
 
+    /// The grant refs of buffer `idx`'s pages (for tests that build raw
+    /// requests).
+    pub fn buffer_grants(&self, idx: usize) -> &[GrantRef] {
+        &self.buffers[idx].grefs
+    }
+
+    /// Pushes a raw request slot as built by the caller, with only its `id`
+    /// replaced; its completion carries `tag`. For hostile-frontend tests:
+    /// nothing is checked, which is the point.
+    pub fn submit_raw(&mut self, mut slot: BlkifRequest, tag: u64) -> Result<(), DeviceError> {
+        let shared = self.shared.clone();
+        let mut st = shared.lock();
+        let Some(id) = st.free_ids.pop() else {
+            return Err(DeviceError::Busy);
+        };
+        slot.id = u64::from(id);
+        st.front
+            .push_request(&slot)
+            .map_err(|e| DeviceError::Disconnected(e.to_string()))?;
+        st.inflight[id as usize] = Some(Inflight {
+            tag,
+            op: DeviceOp::Read,
+            len: 0,
+            slot,
+        });
+        Ok(())
+    }
+
     fn build(&self, id: u32, req: &DeviceRequest) -> Result<BlkifRequest, DeviceError> {
         let sector = req.offset >> 9;
         match req.op {

@@ -10,11 +10,14 @@ pub enum BenchCommand {
     Ring(pvio_bench::ring::Args),
     /// Xenstore read/write round trips and aggregate reads per second.
     Xenstore(pvio_bench::xenstore::Args),
+    /// Block datapath vs fio: QD1/QD32 reads, gap sweep, idle cost, request splitting.
+    Blk(pvio_bench::blk::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Ring(a) => pvio_bench::ring::run(a),
         BenchCommand::Xenstore(a) => pvio_bench::xenstore::run(a),
+        BenchCommand::Blk(a) => pvio_bench::blk::run(a),
     }
 }

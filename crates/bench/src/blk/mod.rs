@@ -1,0 +1,527 @@
+//! `pvio bench blk`: the block datapath against fio on the same image file,
+//! in one run.
+//!
+//! 1. **QD1 and QD32 4 KiB random reads**: fio (io_uring, O_DIRECT) on the
+//!    image, then a guest reading it through blkfront, the ring and a
+//!    tapdisk, with polling `off` (both ends block on event channels),
+//!    `tapdisk3` (XenServer's rule in the backend: a 1000 µs sliding window,
+//!    only when the host is more than 50 % idle; the frontend blocks, as
+//!    Linux blkfront does) and `adaptive` (pvio's poller at both ends).
+//! 2. **Gap sweep** ([`gap`]): pickup latency and backend CPU per request
+//!    for requests 1 µs to 5 ms apart, for `off`, a pure `spin`,
+//!    `tapdisk3` and `adaptive`.
+//! 3. **Idle cost**: backend CPU over 5 s while a connected guest is idle
+//!    after load.
+//! 4. **Request splitting** (seed 004): random reads of S bytes
+//!    outstanding, as one request or split into N in flight — fio with
+//!    `bs=S/N, iodepth=N` as the baseline, and a guest issuing S-byte
+//!    requests at queue depth 1 that tapdisk splits with `split-size=S/N`
+//!    (and `auto`).
+//!
+//! `--json` prints one object; the sweeps are also drawn as SVG charts in
+//! the output directory.
+
+pub mod charts;
+pub mod fio;
+pub mod gap;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use pvio_poll::{AdaptiveConfig, HostLoad, PollPolicy, Tapdisk3Config};
+use serde_json::json;
+
+use crate::host::{make_image, xvd_devid, MiniHost};
+use crate::procs::cpus;
+use crate::report::{emit, ratio};
+use charts::Series;
+
+/// Options of `pvio bench blk`.
+#[derive(clap::Args, Debug)]
+#[command(about = "Block datapath vs fio: QD1/QD32 reads, gap sweep, idle cost, request splitting")]
+pub struct Args {
+    /// Print one JSON object instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    /// A short run for tests (small image, short runs, fewer points).
+    #[arg(long)]
+    pub quick: bool,
+    /// Image file to use (created with a pattern if missing); default: a
+    /// scratch file.
+    #[arg(long)]
+    pub image: Option<PathBuf>,
+    /// Size of a created image in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub size_mib: u64,
+    /// Seconds per QD1/QD32 measurement.
+    #[arg(long, default_value_t = 8.0)]
+    pub runtime: f64,
+    /// Directory for the JSON and the SVG charts.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Skip the request-splitting sweep.
+    #[arg(long)]
+    pub no_split: bool,
+    /// Skip the gap sweep.
+    #[arg(long)]
+    pub no_gap: bool,
+    /// Run only these parts (comma-separated: qd1, qd32, gap, idle, split).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+impl Args {
+    fn wants(&self, part: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == part)
+    }
+}
+
+/// The backend and frontend policies of one pvio mode.
+fn modes() -> Vec<(&'static str, &'static str, &'static str)> {
+    // (name, backend pvio-polling, frontend --polling)
+    vec![
+        ("off", "off", "off"),
+        ("tapdisk3", "tapdisk3", "off"),
+        ("adaptive", "adaptive", "adaptive"),
+    ]
+}
+
+struct Run<'a> {
+    host: &'a MiniHost,
+    image: PathBuf,
+    verbose: bool,
+}
+
+impl Run<'_> {
+    fn say(&self, s: &str) {
+        if self.verbose {
+            eprintln!("bench blk: {s}");
+        }
+    }
+
+    /// Starts a domain with one VBD on the image and its tapdisk; returns
+    /// them ready for a guest.
+    fn disk(
+        &self,
+        name: &str,
+        backend_polling: &str,
+        extra_keys: &[(&str, String)],
+        tapdisk_args: &[&str],
+    ) -> anyhow::Result<(
+        pvio_hv::CreatedDomain,
+        crate::host::Vbd,
+        crate::procs::ChildGuard,
+    )> {
+        let d = self.host.create_domain(name, 96)?;
+        let mut keys: Vec<(&str, String)> = vec![("pvio-polling", backend_polling.to_string())];
+        if backend_polling == "tapdisk3" {
+            keys.push(("polling-duration", "1000".into()));
+            keys.push(("polling-idle-threshold", "50".into()));
+        }
+        keys.extend(extra_keys.iter().cloned());
+        let vbd = self
+            .host
+            .add_vbd(d.domid, xvd_devid(0), &self.image, false, &keys)?;
+        let tap = self.host.start_tapdisk(&vbd, tapdisk_args)?;
+        self.host.wait_for_value(
+            &format!("{}/state", vbd.backend),
+            "2",
+            Duration::from_secs(30),
+        )?;
+        Ok((d, vbd, tap))
+    }
+
+    /// Runs a guest job; returns its report.
+    fn job(
+        &self,
+        d: &pvio_hv::CreatedDomain,
+        job: &str,
+        frontend_polling: &str,
+    ) -> anyhow::Result<serde_json::Value> {
+        let out = self
+            .host
+            .guest_command(d)?
+            .args(["--job", job, "--json", "--polling", frontend_polling])
+            .stdin(Stdio::null())
+            .output()
+            .context("running the guest")?;
+        if !out.status.success() {
+            bail!(
+                "guest job {job:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.lines().last().unwrap_or(""))
+            .context("parsing the guest's report")
+    }
+
+    fn finish(&self, d: pvio_hv::CreatedDomain, mut tap: crate::procs::ChildGuard) {
+        let _ = tap.0.kill();
+        let _ = tap.0.wait();
+        let _ = self.host.host.destroy_domain(d.domid);
+    }
+}
+
+fn read_iops(report: &serde_json::Value) -> f64 {
+    report["total"]["read"]["iops"].as_f64().unwrap_or(0.0)
+}
+
+fn read_mbs(report: &serde_json::Value) -> f64 {
+    report["total"]["read"]["mb_per_s"].as_f64().unwrap_or(0.0)
+}
+
+/// CPU time (ns) of every thread of `pid`, from /proc/<pid>/task/*/schedstat.
+fn process_cpu_ns(pid: u32) -> u64 {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Runs the benchmark.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let q = args.quick;
+    let runtime = if q { 1.5 } else { args.runtime };
+    let verbose = !args.json;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let host = MiniHost::start("blk")?;
+    let image = match &args.image {
+        Some(p) if p.exists() => p.clone(),
+        Some(p) => make_image(
+            p.parent().unwrap_or(&PathBuf::from(".")),
+            &p.file_name().unwrap_or_default().to_string_lossy(),
+            args.size_mib << 20,
+        )?,
+        None => {
+            let mib = if q { 128 } else { args.size_mib };
+            if verbose {
+                eprintln!("bench blk: writing a {mib} MiB image");
+            }
+            make_image(&host.dir.0, "bench.img", mib << 20)?
+        }
+    };
+    let r = Run {
+        host: &host,
+        image: image.clone(),
+        verbose,
+    };
+    let load = HostLoad::start(Duration::from_secs(1));
+
+    // 1. QD1 and QD32.
+    let mut qd = serde_json::Map::new();
+    let mut text = String::new();
+    for depth in [1u32, 32] {
+        if !args.wants(&format!("qd{depth}")) {
+            continue;
+        }
+        r.say(&format!("fio 4k randread QD{depth}, {runtime} s"));
+        let f = fio::randread(&image, 4096, depth, runtime)?;
+        let mut row = serde_json::Map::new();
+        row.insert("fio_iops".into(), json!(f.iops.round()));
+        let mut line = format!("QD{depth:<3} 4k randread   fio {:>8.0}", f.iops);
+        for (name, be, fe) in modes() {
+            r.say(&format!("pvio {name} QD{depth}, {runtime} s"));
+            let (d, _vbd, tap) = r.disk(&format!("qd{depth}-{name}"), be, &[], &[])?;
+            let job = format!(
+                "rw=randread,bs=4k,iodepth={depth},runtime={}ms",
+                (runtime * 1000.0) as u64
+            );
+            let rep = r.job(&d, &job, fe)?;
+            r.finish(d, tap);
+            let iops = read_iops(&rep);
+            row.insert(format!("{name}_iops"), json!(iops.round()));
+            line.push_str(&format!("   {name} {iops:>8.0}"));
+        }
+        let ad = row["adaptive_iops"].as_f64().unwrap_or(0.0);
+        row.insert("adaptive_vs_fio".into(), json!(ratio(ad, f.iops)));
+        row.insert(
+            "adaptive_vs_off".into(),
+            json!(ratio(ad, row["off_iops"].as_f64().unwrap_or(0.0))),
+        );
+        text.push_str(&format!(
+            "{line}   (adaptive/fio {:?}, adaptive/off {:?})\n",
+            row["adaptive_vs_fio"], row["adaptive_vs_off"]
+        ));
+        qd.insert(format!("qd{depth}_4k"), serde_json::Value::Object(row));
+    }
+
+    // 2. Gap sweep.
+    let mut gap_points = Vec::new();
+    if !args.no_gap && args.wants("gap") {
+        let wake = pvio_poll::calibrate::wake_cost_ns(40)
+            .unwrap_or(30_000)
+            .clamp(2_000, 200_000);
+        let policies = [
+            PollPolicy::Off,
+            PollPolicy::Spin,
+            PollPolicy::Tapdisk3(Tapdisk3Config::default()),
+            PollPolicy::Adaptive(AdaptiveConfig {
+                wake_cost_ns: wake,
+                ..AdaptiveConfig::default()
+            }),
+        ];
+        let gaps: &[u64] = if q {
+            &[1, 50, 1000, 5000]
+        } else {
+            &[1, 10, 50, 200, 1000, 5000]
+        };
+        let budget = if q { 0.25 } else { 1.5 };
+        for &g in gaps {
+            for p in policies {
+                let count = ((budget * 1e6 / (g as f64 + 60.0)) as u64).clamp(60, 20_000);
+                r.say(&format!(
+                    "gap sweep: {g} µs, {}, {count} requests",
+                    p.name()
+                ));
+                gap_points.push(gap::point(
+                    &host.hvd_socket,
+                    p,
+                    &load,
+                    g,
+                    count,
+                    cpus() >= 2,
+                )?);
+            }
+        }
+        text.push_str(&format!(
+            "\ngap sweep (wake-up cost measured {:.1} µs): pickup latency p50 µs / backend CPU µs per request\n",
+            wake as f64 / 1000.0
+        ));
+        text.push_str(
+            "   gap µs        off              spin            tapdisk3         adaptive\n",
+        );
+        for &g in gaps {
+            text.push_str(&format!("{g:>8}"));
+            for m in ["off", "spin", "tapdisk3", "adaptive"] {
+                if let Some(p) = gap_points.iter().find(|p| p.gap_us == g && p.mode == m) {
+                    text.push_str(&format!(
+                        "  {:>7.2} / {:>6.1}",
+                        p.latency_us_p50, p.cpu_us_per_req
+                    ));
+                }
+            }
+            text.push('\n');
+        }
+        let series = |f: fn(&gap::GapPoint) -> f64| -> Vec<Series> {
+            ["off", "spin", "tapdisk3", "adaptive"]
+                .iter()
+                .map(|m| Series {
+                    name: m.to_string(),
+                    points: gap_points
+                        .iter()
+                        .filter(|p| p.mode == *m)
+                        .map(|p| (p.gap_us as f64, f(p)))
+                        .collect(),
+                })
+                .collect()
+        };
+        charts::log_log(
+            &args.out.join("blk-gap-latency.svg"),
+            "Pickup latency (p50) vs request gap",
+            "gap between requests (µs)",
+            "pickup latency p50 (µs)",
+            &series(|p| p.latency_us_p50),
+        )?;
+        charts::log_log(
+            &args.out.join("blk-gap-cpu.svg"),
+            "Backend CPU per request vs request gap",
+            "gap between requests (µs)",
+            "backend CPU per request (µs)",
+            &series(|p| p.cpu_us_per_req),
+        )?;
+    }
+
+    // 3. Idle cost after load.
+    let mut idle_pct = -1.0;
+    if args.wants("idle") {
+        r.say("idle backend CPU: 5 s of an idle, connected guest after load");
+        let (d, _vbd, tap) = r.disk("idle", "adaptive", &[], &[])?;
+        let mut guest = r
+            .host
+            .guest_command(&d)?
+            .args([
+                "--job",
+                "rw=randread,bs=4k,iodepth=1,runtime=1s",
+                "--json",
+                "--linger",
+                "8",
+            ])
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()?;
+        {
+            use std::io::BufRead;
+            let mut lines =
+                std::io::BufReader::new(guest.stdout.take().context("guest stdout")?).lines();
+            lines.next().context("the guest printed no report")??;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let pid = tap.0.id();
+        let (c0, t0) = (process_cpu_ns(pid), Instant::now());
+        std::thread::sleep(Duration::from_secs(5));
+        let (c1, t1) = (process_cpu_ns(pid), Instant::now());
+        idle_pct = 100.0 * (c1 - c0) as f64 / (t1 - t0).as_nanos() as f64;
+        let _ = guest.wait();
+        r.finish(d, tap);
+        text.push_str(&format!(
+            "\nidle backend CPU after load: {idle_pct:.3} % of one CPU\n"
+        ));
+    }
+
+    // 4. Request splitting.
+    let mut split_rows = Vec::new();
+    if !args.no_split && args.wants("split") {
+        let sizes: &[u64] = if q {
+            &[64 << 10, 512 << 10]
+        } else {
+            &[16 << 10, 64 << 10, 256 << 10, 512 << 10, 1 << 20, 4 << 20]
+        };
+        let parts: &[u64] = if q { &[1, 8] } else { &[1, 2, 8, 64] };
+        let rt = if q { 1.0 } else { (runtime / 2.0).max(2.0) };
+        for &s in sizes {
+            for &n in parts {
+                if s / n < 4096 {
+                    continue;
+                }
+                let bs = s / n;
+                r.say(&format!(
+                    "split sweep: {} KiB outstanding as {n} x {} KiB",
+                    s >> 10,
+                    bs >> 10
+                ));
+                let f = fio::randread(&image, bs, n as u32, rt)?;
+                let split = if n == 1 {
+                    "off".to_string()
+                } else {
+                    format!("{}k", bs >> 10)
+                };
+                let segs = (s / 4096).clamp(256, 4096).to_string();
+                let (d, _vbd, tap) = r.disk(
+                    &format!("split-{s}-{n}"),
+                    "adaptive",
+                    &[("pvio-split-size", split.clone())],
+                    &["--max-indirect-segments", &segs],
+                )?;
+                let rep = r.job(
+                    &d,
+                    &format!(
+                        "rw=randread,bs={s},iodepth=1,runtime={}ms",
+                        (rt * 1000.0) as u64
+                    ),
+                    "adaptive",
+                )?;
+                r.finish(d, tap);
+                split_rows.push(json!({
+                    "outstanding_kib": s >> 10, "parts": n, "part_kib": bs >> 10,
+                    "fio_mb_per_s": (f.mb_per_s * 10.0).round() / 10.0,
+                    "pvio_mb_per_s": (read_mbs(&rep) * 10.0).round() / 10.0,
+                }));
+            }
+            r.say(&format!(
+                "split sweep: {} KiB outstanding, split-size auto",
+                s >> 10
+            ));
+            let segs = (s / 4096).clamp(256, 4096).to_string();
+            let (d, _vbd, tap) = r.disk(
+                &format!("split-{s}-auto"),
+                "adaptive",
+                &[("pvio-split-size", "auto".into())],
+                &["--max-indirect-segments", &segs],
+            )?;
+            let rep = r.job(
+                &d,
+                &format!(
+                    "rw=randread,bs={s},iodepth=1,runtime={}ms",
+                    (rt * 2000.0) as u64
+                ),
+                "adaptive",
+            )?;
+            r.finish(d, tap);
+            split_rows.push(json!({
+                "outstanding_kib": s >> 10, "parts": "auto",
+                "pvio_mb_per_s": (read_mbs(&rep) * 10.0).round() / 10.0,
+            }));
+        }
+        text.push_str("\nrequest splitting: MB/s, fio (bs = S/N, iodepth = N) vs pvio (S-byte requests at QD1, split-size S/N)\n");
+        for row in &split_rows {
+            text.push_str(&format!(
+                "  S = {:>5} KiB  N = {:>4}   fio {:>8}   pvio {:>8}\n",
+                row["outstanding_kib"], row["parts"], row["fio_mb_per_s"], row["pvio_mb_per_s"]
+            ));
+        }
+        let mut series = Vec::new();
+        for &n in parts {
+            for (who, key) in [("fio", "fio_mb_per_s"), ("pvio", "pvio_mb_per_s")] {
+                series.push(Series {
+                    name: format!("{who}, {n} in flight"),
+                    points: split_rows
+                        .iter()
+                        .filter(|r| r["parts"] == json!(n))
+                        .map(|r| {
+                            (
+                                r["outstanding_kib"].as_f64().unwrap_or(0.0),
+                                r[key].as_f64().unwrap_or(0.0),
+                            )
+                        })
+                        .collect(),
+                });
+            }
+        }
+        series.push(Series {
+            name: "pvio, split-size auto".into(),
+            points: split_rows
+                .iter()
+                .filter(|r| r["parts"] == json!("auto"))
+                .map(|r| {
+                    (
+                        r["outstanding_kib"].as_f64().unwrap_or(0.0),
+                        r["pvio_mb_per_s"].as_f64().unwrap_or(0.0),
+                    )
+                })
+                .collect(),
+        });
+        charts::log_log(
+            &args.out.join("blk-split.svg"),
+            "Random-read throughput vs outstanding data, split into N requests",
+            "outstanding data (KiB)",
+            "MB/s",
+            &series,
+        )?;
+    }
+
+    let mut out = qd;
+    out.insert("gap_sweep".into(), serde_json::to_value(&gap_points)?);
+    out.insert(
+        "idle_backend_cpu_pct".into(),
+        json!((idle_pct * 1000.0).round() / 1000.0),
+    );
+    out.insert("split_sweep".into(), json!(split_rows));
+    out.insert("runtime_s".into(), json!(runtime));
+    out.insert("image".into(), json!(image.display().to_string()));
+    out.insert("cpus".into(), json!(cpus()));
+    let value = serde_json::Value::Object(out);
+    std::fs::write(
+        args.out.join("blk.json"),
+        serde_json::to_string_pretty(&value)?,
+    )?;
+    text.push_str(&format!(
+        "\n(JSON and SVG charts in {})\n",
+        args.out.display()
+    ));
+    emit(args.json, &value, &text);
+    Ok(())
+}

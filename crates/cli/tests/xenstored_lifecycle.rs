@@ -16,6 +16,7 @@ fn help_lists_the_quota_flags() {
     let text = String::from_utf8_lossy(&o.stdout);
     for flag in [
         "--socket",
+        "--hvd-socket",
         "--quota-nodes",
         "--quota-node-size",
         "--quota-watches",

@@ -11,8 +11,9 @@
 //! daemon must never panic on input, never let one connection starve the
 //! others, never queue unbounded output for a client that does not read,
 //! and never hold a global lock across a transaction. The store never does
-//! I/O; transports (the Unix socket now, guest xenbus rings later) only move
-//! bytes and carry an [`store::Identity`].
+//! I/O; transports (the Unix socket, guests' xenbus rings through hvd) only
+//! move bytes and carry an [`store::Identity`]. A guest's ring page is read
+//! and written only by [`ring`], by atomic and volatile copies.
 
 pub mod client;
 pub mod codec;
@@ -20,6 +21,7 @@ pub mod daemon;
 pub mod error;
 pub mod path;
 pub mod perms;
+pub mod ring;
 pub mod store;
 pub mod xenbus;
 

@@ -9,6 +9,8 @@ use clap::Subcommand;
 pub enum InternalCommand {
     /// A guest domain driven line by line on stdin (tests and debugging).
     GuestShell(super::guest_shell::Args),
+    /// A guest talking to xenstored over its xenbus ring, driven on stdin.
+    XsGuest(super::xs_guest::Args),
     /// A dom0 process that binds a port and maps grants, then holds them
     /// until killed (tests kill it mid-mapping).
     MapAndHold(MapAndHold),
@@ -54,6 +56,7 @@ fn map_and_hold(a: MapAndHold) -> anyhow::Result<()> {
 pub fn run(cmd: InternalCommand) -> anyhow::Result<()> {
     match cmd {
         InternalCommand::GuestShell(a) => super::guest_shell::run(a),
+        InternalCommand::XsGuest(a) => super::xs_guest::run(a),
         InternalCommand::MapAndHold(a) => map_and_hold(a),
         InternalCommand::RingPing(a) => pvio_bench::ring::ping_main(a),
         InternalCommand::RingFrontend(a) => pvio_bench::ring::frontend_main(a),

@@ -7,6 +7,7 @@ pub mod internal;
 pub mod lsevtchn;
 pub mod tapdisk;
 pub mod xenstored;
+pub mod xs_guest;
 
 /// Logs go to stderr, filtered by `PVIO_LOG` (e.g. `PVIO_LOG=debug`), `info` by default.
 pub fn init_logging() {

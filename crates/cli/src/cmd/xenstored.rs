@@ -1,6 +1,7 @@
 //! `pvio xenstored`: the xenstore daemon (Xen's wire protocol on a Unix
-//! socket; guests' xenbus rings arrive in phase 2). Runs in the foreground
-//! until SIGTERM, SIGINT or SIGHUP, then removes its socket and exits 0.
+//! socket for dom0 tools and, with `--hvd-socket`, on introduced guests'
+//! xenbus rings). Runs in the foreground until SIGTERM, SIGINT or SIGHUP,
+//! then removes its socket and exits 0.
 
 use clap::Args as ClapArgs;
 use pvio_xenstore::daemon::{self, Config, Limits};
@@ -24,6 +25,12 @@ pub struct Args {
         default_value = "/run/pvio/xenstored.sock"
     )]
     pub socket: std::path::PathBuf,
+
+    /// hvd's socket: connect as dom0 and serve each domain that XS_INTRODUCE
+    /// names on its xenbus ring (frame and event channel from the request).
+    /// Without it, XS_INTRODUCE only records domains.
+    #[arg(long, value_name = "PATH")]
+    pub hvd_socket: Option<std::path::PathBuf>,
 
     /// Nodes a domain may own (quota "nodes"; ENOSPC beyond).
     #[arg(long, default_value_t = 1000, value_name = "N")]
@@ -101,6 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         socket: args.socket,
         quotas,
         limits,
+        hvd_socket: args.hvd_socket,
     })?;
     Ok(())
 }

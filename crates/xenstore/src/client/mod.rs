@@ -1,23 +1,29 @@
 //! The async xenstore client (tokio) every pvio crate uses: read, write,
 //! mkdir, rm, directory, permissions, watches and transactions with
-//! automatic retry on EAGAIN, over the daemon's Unix socket.
+//! automatic retry on EAGAIN, over the daemon's Unix socket (dom0 tools,
+//! [`Client::connect`]) or over a guest's own xenbus ring
+//! ([`Client::connect_ring`], see [`ring_stream`]).
 //!
-//! One background task reads the socket and hands each reply to the
-//! request with its `req_id` and each watch event to its [`Watcher`];
-//! requests are written directly by the calling task, so a round trip costs
-//! one write, one wake-up of the reader and one of the caller.
+//! Everything above the byte stream is shared by the two: one background
+//! task reads the stream and hands each reply to the request with its
+//! `req_id` and each watch event to its [`Watcher`]; requests are written
+//! directly by the calling task, so a round trip costs one write, one
+//! wake-up of the reader and one of the caller.
+
+pub mod ring_stream;
 
 use crate::codec::{encode_message, Header, MsgType, HEADER_LEN};
 use crate::error::{Error, XsError};
 use crate::perms::Perms;
 use pvio_abi::xs_wire::XENSTORE_PAYLOAD_MAX;
 use pvio_abi::DomId;
+use pvio_hv::{EventChannel, GuestMemory};
+use pvio_ring::{GuestPages, RingMemory};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -30,8 +36,13 @@ pub const TRANSACTION_RETRIES: usize = 64;
 
 type Reply = Result<(u32, Vec<u8>), Error>;
 
+/// The receiving half of a client's byte stream.
+pub type StreamReader = Box<dyn AsyncRead + Send + Unpin>;
+/// The sending half of a client's byte stream.
+pub type StreamWriter = Box<dyn AsyncWrite + Send + Unpin>;
+
 struct Inner {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<StreamWriter>,
     pending: Mutex<HashMap<u32, oneshot::Sender<Reply>>>,
     watches: Mutex<HashMap<Vec<u8>, mpsc::UnboundedSender<WatchEvent>>>,
     next_req: AtomicU32,
@@ -50,8 +61,9 @@ impl Drop for Inner {
     }
 }
 
-/// A connection to `pvio xenstored` (or any xenstore daemon on a socket).
-/// Cheap to clone; clones share the connection.
+/// A connection to `pvio xenstored` (or any xenstore daemon on a socket),
+/// or a guest's connection over its xenbus ring. Cheap to clone; clones
+/// share the connection.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -101,7 +113,7 @@ fn strings(v: &[u8]) -> Vec<String> {
         .collect()
 }
 
-async fn reader_task(inner: std::sync::Weak<Inner>, read: OwnedReadHalf) {
+async fn reader_task(inner: std::sync::Weak<Inner>, read: StreamReader) {
     let mut r = BufReader::with_capacity(64 * 1024, read);
     let mut hdr = [0u8; HEADER_LEN];
     let result: Result<(), Error> = async {
@@ -165,6 +177,36 @@ impl Client {
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, Error> {
         let stream = UnixStream::connect(path).await?;
         let (read, write) = stream.into_split();
+        Ok(Self::over(Box::new(read), Box::new(write)))
+    }
+
+    /// A guest's connection over its own xenbus ring: frame
+    /// [`pvio_hv::memory::STORE_FRAME`] of `memory`, signalled through its
+    /// xenstore event channel `store` (what
+    /// [`pvio_hv::HvClient::claim_domain`] returns). The daemon serves it
+    /// once the toolstack introduced the domain; requests written before
+    /// wait in the ring. Must be called inside a tokio runtime.
+    pub async fn connect_ring(
+        memory: Arc<GuestMemory>,
+        store: EventChannel,
+    ) -> Result<Self, Error> {
+        let page = GuestPages::new(memory, pvio_hv::memory::STORE_FRAME, 1)
+            .map_err(|e| Error::Protocol(format!("no xenbus ring page: {e}")))?;
+        Self::connect_ring_page(page, store).await
+    }
+
+    /// [`Client::connect_ring`] over any memory holding the ring page.
+    pub async fn connect_ring_page<M>(page: M, store: EventChannel) -> Result<Self, Error>
+    where
+        M: RingMemory + Send + 'static,
+    {
+        let (read, write) = ring_stream::split(page, store)?;
+        Ok(Self::over(Box::new(read), Box::new(write)))
+    }
+
+    /// A client over any byte stream carrying the xenstore wire protocol.
+    /// Must be called inside a tokio runtime (it spawns the reader task).
+    pub fn over(read: StreamReader, write: StreamWriter) -> Self {
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(write),
             pending: Mutex::new(HashMap::new()),
@@ -178,7 +220,7 @@ impl Client {
         if let Ok(mut r) = inner.reader.lock() {
             *r = Some(task);
         }
-        Ok(Self { inner })
+        Self { inner }
     }
 
     /// Connects to `$XENSTORED_PATH`, or [`DEFAULT_SOCKET`].

@@ -51,6 +51,9 @@ pub struct Conn {
     pub eof: bool,
     /// Already listed for a flush in this loop iteration.
     pub dirty: bool,
+    /// A doorbell rang while the connection was paused: input may be
+    /// waiting in the transport with no further wake-up to announce it.
+    pub needs_fill: bool,
 }
 
 impl Conn {
@@ -69,7 +72,21 @@ impl Conn {
             interest: EventFlags::empty(),
             eof: false,
             dirty: false,
+            needs_fill: false,
         }
+    }
+
+    /// Drops buffered input and queued output (a reset connection starts
+    /// on a packet boundary with nothing in flight).
+    pub fn clear(&mut self) {
+        self.inbuf.clear();
+        self.in_start = 0;
+        self.out.clear();
+        self.out_offset = 0;
+        self.out_bytes = 0;
+        self.out_events = 0;
+        self.replies_queued = 0;
+        self.needs_fill = false;
     }
 
     /// One read from the transport into the input buffer, through `scratch`.

@@ -10,22 +10,34 @@
 //! the process's descriptor limit, which is raised to its hard maximum.
 //! The loop never polls and arms no timer while only dom0 clients are
 //! connected: on a VM, a wake-up and a timer each cost hypervisor exits, and
-//! the round trip is dominated by them (see docs/benchmarks.md).
+//! the round trip is dominated by them (see docs/benchmarks.md). With guests
+//! it wakes once a second to sweep stalled watch events and, through the
+//! hook, dead domains.
 //!
 //! The Unix socket's connections are dom0 (privileged). Guest connections
-//! arrive through a [`DomainHook`]: when XS_INTRODUCE records a domain, the
-//! hook may return a transport for its xenbus ring, and the daemon serves
-//! it with the guest's identity; XS_RELEASE closes it.
+//! arrive through a [`DomainHook`]: before XS_INTRODUCE records a new
+//! domain, the hook maps its xenbus ring and binds its event channel
+//! ([`HvHook`], or any test double) and returns a transport, which the
+//! daemon serves with the guest's identity; a failure is the reply to
+//! XS_INTRODUCE. XS_RELEASE, or the hook reporting the domain gone (its
+//! process died), releases the domain in the store (owned nodes removed,
+//! `@releaseDomain` fired) and closes the connection.
 
 pub mod conn;
+pub mod hv_hook;
+pub mod ring_transport;
 pub mod signals;
 pub mod transport;
 
+use crate::codec::{self, Header, MsgType, ParseCtx, Request};
+use crate::error::XsError;
 use crate::store::domain::{DomainChange, DomainInfo};
 use crate::store::quota::Quotas;
 use crate::store::{ConnId, Identity, Outgoing, Store};
 use conn::{Conn, Fill};
-use pvio_abi::DomId;
+pub use hv_hook::HvHook;
+use pvio_abi::{DomId, DOMID_SELF};
+pub use ring_transport::RingTransport;
 use rustix::event::epoll::{self, EventData, EventFlags};
 use signals::TermSignals;
 use std::collections::HashMap;
@@ -35,7 +47,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-pub use transport::{SocketTransport, Transport};
+pub use transport::{SocketTransport, Transport, Wake};
 
 const LISTENER: u64 = 0;
 const SIGNALS: u64 = u64::MAX;
@@ -79,24 +91,51 @@ pub struct Config {
     pub socket: PathBuf,
     pub quotas: Quotas,
     pub limits: Limits,
+    /// hvd's socket: serve introduced guests on their xenbus rings. Without
+    /// it, XS_INTRODUCE only records domains.
+    pub hvd_socket: Option<PathBuf>,
 }
 
 /// The transport layer's view of domain lifecycle: the seam where guest
 /// xenbus rings plug in.
 pub trait DomainHook {
-    /// XS_INTRODUCE recorded a new domain. Return the transport of its
-    /// xenbus ring to have the daemon serve it as that guest, or `None` to
-    /// only record it.
+    /// XS_INTRODUCE of a domain that is not introduced yet, before the
+    /// store records it. Return the transport of its xenbus ring to have the
+    /// daemon serve it as that guest, or `None` to only record it. An error
+    /// is the reply to XS_INTRODUCE (`NotFound` ENOENT, `PermissionDenied`
+    /// EACCES, `InvalidInput` EINVAL, others EIO), and the domain stays
+    /// unknown.
     fn introduced(&mut self, info: &DomainInfo) -> io::Result<Option<Box<dyn Transport>>>;
 
-    /// XS_INTRODUCE for an already-introduced domain (new event channel).
-    fn reintroduced(&mut self, _info: &DomainInfo) {}
+    /// XS_INTRODUCE for an already-introduced domain: C xenstored's way of
+    /// recreating the event channel. A new transport replaces the
+    /// domain's connection (its watches and transactions are dropped, as
+    /// `domain_conn_reset()` does); `None` keeps the connection as it is.
+    fn reintroduced(&mut self, _info: &DomainInfo) -> io::Result<Option<Box<dyn Transport>>> {
+        Ok(None)
+    }
 
-    /// XS_RELEASE: the daemon has closed the domain's connection.
+    /// The domain was released (XS_RELEASE, or reported gone): the daemon
+    /// has closed its connection.
     fn released(&mut self, _domid: DomId) {}
+
+    /// Which introduced domains no longer exist (VIRQ_DOM_EXC's question).
+    /// `suspects` are domains whose ring woke the daemon with no news since
+    /// the last call ([`Wake::Nothing`]: hvd raises the port of a peer it
+    /// unbinds); `sweep` is set about once a second while
+    /// [`DomainHook::watching`] says so, to catch a death that coincided
+    /// with a request.
+    fn gone(&mut self, _suspects: &[DomId], _sweep: bool) -> Vec<DomId> {
+        Vec::new()
+    }
+
+    /// Whether [`DomainHook::gone`] needs the periodic sweep.
+    fn watching(&self) -> bool {
+        false
+    }
 }
 
-/// Phase 1: domains are recorded, rings are not mapped.
+/// Without hvd: domains are recorded, rings are not served.
 #[derive(Debug, Default)]
 pub struct RecordOnly;
 
@@ -106,7 +145,7 @@ impl DomainHook for RecordOnly {
             domid = info.domid,
             mfn = info.mfn,
             port = info.port,
-            "domain introduced (ring transport not available yet)"
+            "domain introduced (no hvd: its ring is not served)"
         );
         Ok(None)
     }
@@ -125,6 +164,10 @@ pub struct Daemon<H: DomainHook = RecordOnly> {
     hook: H,
     pending: Vec<u64>,
     dirty: Vec<u64>,
+    /// Transports the hook prepared for XS_INTRODUCEs being processed.
+    prepared: HashMap<DomId, Option<Box<dyn Transport>>>,
+    /// Guests whose doorbell rang with no news (see [`DomainHook::gone`]).
+    suspects: Vec<DomId>,
     doomed: Vec<(u64, &'static str)>,
     out: Vec<Outgoing>,
     scratch: Vec<u8>,
@@ -167,6 +210,8 @@ impl<H: DomainHook> Daemon<H> {
             hook,
             pending: Vec::new(),
             dirty: Vec::new(),
+            prepared: HashMap::new(),
+            suspects: Vec::new(),
             doomed: Vec::new(),
             out: Vec::new(),
             stop: false,
@@ -225,6 +270,11 @@ impl<H: DomainHook> Daemon<H> {
         self.conns.len()
     }
 
+    /// The domain hook.
+    pub fn hook(&self) -> &H {
+        &self.hook
+    }
+
     /// Serves a connection with the given identity.
     pub fn add_connection(
         &mut self,
@@ -264,15 +314,17 @@ impl<H: DomainHook> Daemon<H> {
         };
         while !self.stop {
             events.clear();
-            let timeout = if self.pending.is_empty() {
-                &sweep
+            let timeout = if !self.pending.is_empty() {
+                Some(&zero)
+            } else if self.guests > 0 || self.hook.watching() {
+                Some(&sweep)
             } else {
-                &zero
+                None
             };
             match epoll::wait(
                 &self.epoll,
                 rustix::buffer::spare_capacity(&mut events),
-                Some(timeout),
+                timeout,
             ) {
                 Ok(_) => {}
                 Err(rustix::io::Errno::INTR) => continue,
@@ -287,11 +339,17 @@ impl<H: DomainHook> Daemon<H> {
                 }
             }
             for id in std::mem::take(&mut self.pending) {
-                self.serve(id);
+                self.progress(id);
             }
-            self.flush_dirty();
+            let now = Instant::now();
+            let sweep_due = now.duration_since(self.last_sweep) >= Duration::from_secs(1);
+            if sweep_due {
+                self.last_sweep = now;
+                self.sweep_stalled(now);
+            }
+            self.check_domains(sweep_due);
             self.domain_changes();
-            self.sweep_stalled();
+            self.flush_dirty();
             self.close_doomed();
         }
         tracing::info!(connections = self.conns.len(), "xenstored stopping");
@@ -335,33 +393,116 @@ impl<H: DomainHook> Daemon<H> {
     }
 
     fn on_conn_event(&mut self, id: u64, flags: EventFlags) {
-        let Some(has_output) = self.conns.get(&id).map(Conn::has_output) else {
+        let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
+        let has_output = c.has_output();
+        if !c.transport.poll_writable() {
+            self.on_doorbell(id);
+            return;
+        }
         if flags.contains(EventFlags::OUT) {
             self.mark_dirty(id);
         }
         if flags.intersects(EventFlags::IN | EventFlags::HUP | EventFlags::ERR | EventFlags::RDHUP)
             && !self.paused(id)
         {
-            let Some(c) = self.conns.get_mut(&id) else {
-                return;
-            };
-            match c.fill(&mut self.scratch) {
-                Ok(Fill::Data) | Ok(Fill::Empty) => {}
-                Ok(Fill::Eof) => {
-                    c.eof = true;
-                    self.mark_dirty(id);
-                }
-                Err(e) => {
-                    tracing::debug!(conn = id, error = %e, "read failed");
-                    self.doomed.push((id, "read error"));
-                    return;
-                }
-            }
-            self.serve(id);
+            self.fill_and_serve(id);
         } else if flags.intersects(EventFlags::HUP | EventFlags::ERR) && !has_output {
             self.doomed.push((id, "hang-up"));
+        }
+    }
+
+    /// A ring's event channel fired: it may announce requests, freed reply
+    /// space, a reset request or the guest's death, and it stays armed
+    /// while the connection is paused.
+    fn on_doorbell(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match c.transport.wake() {
+            Ok(Wake::News) => {}
+            Ok(Wake::Nothing) => {
+                if !c.identity.privileged {
+                    self.suspects.push(c.identity.domid);
+                }
+            }
+            Ok(Wake::Reset) => {
+                self.reset_connection(id);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(conn = id, error = %e, "event channel failed");
+                self.doomed.push((id, "event channel error"));
+                return;
+            }
+        }
+        if c.has_output() {
+            self.mark_dirty(id);
+        }
+        if self.paused(id) {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.needs_fill = true;
+            }
+        } else {
+            self.fill_and_serve(id);
+        }
+    }
+
+    /// One read from the connection, then its buffered requests.
+    fn fill_and_serve(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.needs_fill = false;
+        match c.fill(&mut self.scratch) {
+            Ok(Fill::Data) | Ok(Fill::Empty) => {}
+            Ok(Fill::Eof) => {
+                c.eof = true;
+                self.mark_dirty(id);
+            }
+            Err(e) => {
+                if e.kind() == io::ErrorKind::InvalidData {
+                    tracing::warn!(conn = id, peer = c.transport.describe(), error = %e, "hostile peer");
+                    self.doomed.push((id, "hostile peer"));
+                } else {
+                    tracing::debug!(conn = id, error = %e, "read failed");
+                    self.doomed.push((id, "read error"));
+                }
+                return;
+            }
+        }
+        self.serve(id);
+    }
+
+    /// A connection in the pending list: more buffered requests, or a
+    /// doorbell connection that was paused with input possibly waiting.
+    fn progress(&mut self, id: u64) {
+        let needs_fill = self.conns.get(&id).is_some_and(|c| c.needs_fill);
+        if needs_fill && !self.paused(id) {
+            self.fill_and_serve(id);
+        } else {
+            self.serve(id);
+        }
+    }
+
+    /// The ring reconnection protocol: the guest asked for a clean slate.
+    fn reset_connection(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.clear();
+        self.store.reset_connection(c.id);
+        match c.transport.reset() {
+            Ok(()) => tracing::info!(
+                conn = id,
+                peer = c.transport.describe(),
+                "connection reset at the peer's request"
+            ),
+            Err(e) => {
+                tracing::warn!(conn = id, error = %e, "connection reset failed");
+                self.doomed.push((id, "reset failed"));
+            }
         }
     }
 
@@ -397,12 +538,20 @@ impl<H: DomainHook> Daemon<H> {
             match c.next_frame() {
                 Ok(Some((hdr, payload))) => {
                     let len = payload.len();
-                    self.store.process(c.id, &hdr, payload, &mut self.out);
-                    c.consume(len);
+                    if c.identity.privileged && hdr.ty == MsgType::Introduce as u32 {
+                        let (conn, payload) = (c.id, payload.to_vec());
+                        c.consume(len);
+                        self.introduce(conn, &hdr, &payload);
+                    } else {
+                        self.store.process(c.id, &hdr, payload, &mut self.out);
+                        c.consume(len);
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::warn!(conn = id, error = %e, "framing violation; dropping connection");
+                    tracing::warn!(conn = id, peer = c.transport.describe(), error = %e,
+                        "framing violation; dropping connection");
+                    c.transport.protocol_error();
                     self.doomed.push((id, "framing violation"));
                     return;
                 }
@@ -417,6 +566,37 @@ impl<H: DomainHook> Daemon<H> {
             }
         }
         self.mark_dirty(id);
+    }
+
+    /// XS_INTRODUCE from dom0: a new domain's ring is mapped and its event
+    /// channel bound *before* the store records it, so that a failure is
+    /// the reply (as in C xenstored); the store then answers and fires
+    /// `@introduceDomain`, and [`Self::domain_changes`] serves the ring.
+    fn introduce(&mut self, conn: ConnId, hdr: &Header, payload: &[u8]) {
+        if let Ok(Request::Introduce { domid, mfn, port }) =
+            codec::parse_request(hdr.ty, payload, &ParseCtx::DOM0)
+        {
+            if domid != 0 && domid < DOMID_SELF && !self.store.is_introduced(domid) {
+                let info = DomainInfo {
+                    domid,
+                    mfn,
+                    port,
+                    shutdown: false,
+                };
+                match self.hook.introduced(&info) {
+                    Ok(t) => {
+                        self.prepared.insert(domid, t);
+                    }
+                    Err(e) => {
+                        tracing::warn!(domid, mfn, port, error = %e, "cannot introduce domain");
+                        self.store
+                            .error_reply(conn, hdr, io_to_xs(&e), &mut self.out);
+                        return;
+                    }
+                }
+            }
+        }
+        self.store.process(conn, hdr, payload, &mut self.out);
     }
 
     /// Moves the store's output to the connections' queues.
@@ -460,7 +640,13 @@ impl<H: DomainHook> Daemon<H> {
                     continue;
                 }
             }
-            if was_paused && !self.paused(id) && self.conns.get(&id).is_some_and(Conn::has_frame) {
+            if was_paused
+                && !self.paused(id)
+                && self
+                    .conns
+                    .get(&id)
+                    .is_some_and(|c| c.needs_fill || c.has_frame())
+            {
                 self.pending.push(id);
             }
             self.update_interest(id);
@@ -473,7 +659,8 @@ impl<H: DomainHook> Daemon<H> {
             return;
         };
         let mut want = EventFlags::RDHUP;
-        if !paused && !c.eof {
+        // A doorbell also announces freed output space: always armed.
+        if (!paused || !c.transport.poll_writable()) && !c.eof {
             want |= EventFlags::IN;
         }
         if c.has_output() && c.transport.poll_writable() {
@@ -490,43 +677,86 @@ impl<H: DomainHook> Daemon<H> {
         }
     }
 
+    /// Asks the hook which introduced domains died, and releases them.
+    fn check_domains(&mut self, sweep: bool) {
+        if self.suspects.is_empty() && !sweep {
+            return;
+        }
+        let suspects = std::mem::take(&mut self.suspects);
+        for domid in self.hook.gone(&suspects, sweep) {
+            if self.store.domain_gone(domid, &mut self.out) {
+                tracing::info!(domid, "domain is gone; released");
+                self.route();
+            }
+        }
+    }
+
+    fn guest_conns(&self, domid: DomId) -> Vec<u64> {
+        let guest = Identity::guest(domid);
+        self.conns
+            .values()
+            .filter(|c| c.identity == guest)
+            .map(|c| c.id.0)
+            .collect()
+    }
+
     fn domain_changes(&mut self) {
         for change in self.store.take_domain_changes() {
             match change {
-                DomainChange::Introduced(info) => match self.hook.introduced(&info) {
+                DomainChange::Introduced(info) => {
+                    let t = match self.prepared.remove(&info.domid) {
+                        Some(t) => Ok(t),
+                        None => self.hook.introduced(&info),
+                    };
+                    match t {
+                        Ok(Some(t)) => {
+                            if let Err(e) = self.add_connection(t, Identity::guest(info.domid)) {
+                                tracing::warn!(domid = info.domid, error = %e, "cannot serve domain");
+                            } else {
+                                tracing::info!(
+                                    domid = info.domid,
+                                    mfn = info.mfn,
+                                    port = info.port,
+                                    "domain introduced"
+                                );
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(domid = info.domid, error = %e, "introduce hook"),
+                    }
+                }
+                DomainChange::Reintroduced(info) => match self.hook.reintroduced(&info) {
                     Ok(Some(t)) => {
+                        for id in self.guest_conns(info.domid) {
+                            self.close(id, "domain re-introduced");
+                        }
                         if let Err(e) = self.add_connection(t, Identity::guest(info.domid)) {
                             tracing::warn!(domid = info.domid, error = %e, "cannot serve domain");
                         }
                     }
                     Ok(None) => {}
-                    Err(e) => tracing::warn!(domid = info.domid, error = %e, "introduce hook"),
+                    Err(e) => {
+                        tracing::warn!(domid = info.domid, error = %e, "cannot re-introduce domain")
+                    }
                 },
-                DomainChange::Reintroduced(info) => self.hook.reintroduced(&info),
                 DomainChange::Released(domid) => {
-                    let guest = Identity::guest(domid);
-                    let ids: Vec<u64> = self
-                        .conns
-                        .values()
-                        .filter(|c| c.identity == guest)
-                        .map(|c| c.id.0)
-                        .collect();
-                    for id in ids {
+                    for id in self.guest_conns(domid) {
                         self.close(id, "domain released");
                     }
+                    self.prepared.remove(&domid);
                     self.hook.released(domid);
                 }
             }
         }
+        // Prepared for an XS_INTRODUCE the store then refused.
+        for (domid, t) in std::mem::take(&mut self.prepared) {
+            drop(t);
+            self.hook.released(domid);
+        }
     }
 
     /// Drops guests whose watch events have waited too long.
-    fn sweep_stalled(&mut self) {
-        let now = Instant::now();
-        if now.duration_since(self.last_sweep) < Duration::from_secs(1) {
-            return;
-        }
-        self.last_sweep = now;
+    fn sweep_stalled(&mut self, now: Instant) {
         let timeout = self.limits.event_timeout;
         for c in self.conns.values() {
             if !c.identity.privileged
@@ -583,11 +813,33 @@ impl<H: DomainHook> Drop for Daemon<H> {
     }
 }
 
+/// The xenstore error that answers an XS_INTRODUCE the hook refused.
+fn io_to_xs(e: &io::Error) -> XsError {
+    match e.kind() {
+        io::ErrorKind::NotFound => XsError::Enoent,
+        io::ErrorKind::PermissionDenied => XsError::Eacces,
+        io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData => XsError::Einval,
+        _ => XsError::Eio,
+    }
+}
+
 /// `pvio xenstored`: serves the socket until SIGTERM/SIGINT/SIGHUP, then
-/// removes it.
+/// removes it. With `hvd_socket`, introduced guests are served on their
+/// xenbus rings.
 pub fn serve(config: Config) -> io::Result<()> {
+    match &config.hvd_socket {
+        Some(hvd) => {
+            let hook = HvHook::connect(hvd)?;
+            tracing::info!(hvd = %hvd.display(), "serving guests on their xenbus rings");
+            serve_with(config, hook)
+        }
+        None => serve_with(config, RecordOnly),
+    }
+}
+
+fn serve_with<H: DomainHook>(config: Config, hook: H) -> io::Result<()> {
     let nofile = raise_fd_limit();
-    let mut d = Daemon::new(config.quotas, config.limits, RecordOnly)?;
+    let mut d = Daemon::new(config.quotas, config.limits, hook)?;
     d.stop_on_signals()?;
     d.listen(&config.socket)?;
     tracing::info!(

@@ -1,8 +1,9 @@
 //! Byte-stream transports a connection can run over. The daemon only needs
 //! to read request bytes, write reply bytes and know which file descriptor
-//! signals "something to do": a Unix socket today; a guest's xenbus ring
-//! (`struct xenstore_domain_interface`) with its event-channel eventfd in
-//! phase 2.
+//! signals "something to do": a Unix socket ([`SocketTransport`]), or a
+//! guest's xenbus ring with its event-channel eventfd
+//! ([`super::ring_transport::RingTransport`]), where one *doorbell*
+//! descriptor announces both new input and freed output space.
 
 use std::io::{self, IoSlice, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
@@ -24,13 +25,48 @@ pub trait Transport: Send {
 
     /// Whether the loop should ask for writability of [`Transport::fd`] while
     /// output is blocked (sockets). A ring returns false: its event channel
-    /// fires when the peer consumed responses.
+    /// is a doorbell that fires when the peer consumed responses too, so
+    /// the loop keeps it armed even while it does not read the connection,
+    /// and calls [`Transport::wake`] on each readiness.
     fn poll_writable(&self) -> bool {
         true
     }
 
+    /// Doorbell transports only: acknowledges one readiness of `fd` (a ring
+    /// consumes its event channel) and says what it brought. Called before
+    /// any read or write that the wake-up triggers.
+    fn wake(&mut self) -> io::Result<Wake> {
+        Ok(Wake::News)
+    }
+
+    /// Completes a reset that [`Wake::Reset`] announced, after the daemon
+    /// dropped the connection's buffered input, queued output, watches and
+    /// transactions: empty both streams, report "connected", notify.
+    fn reset(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// The daemon is dropping the connection for a protocol violation (a
+    /// message longer than `XENSTORE_PAYLOAD_MAX`): tell the peer why where
+    /// the transport has a way to (a ring's `error` word).
+    fn protocol_error(&mut self) {}
+
     /// Short description for logs.
     fn describe(&self) -> String;
+}
+
+/// What one wake-up of a doorbell transport brought.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// The peer produced input or consumed output (or the transport cannot
+    /// tell): read and flush as usual.
+    News,
+    /// Nothing changed since the last wake-up: a spurious notification, or
+    /// the peer's end going away (hvd raises the port it unbinds). The
+    /// daemon asks its [`super::DomainHook`] whether the domain still lives.
+    Nothing,
+    /// The peer asked to reset the connection (xenbus ring reconnection).
+    Reset,
 }
 
 /// A dom0 client on the Unix socket.

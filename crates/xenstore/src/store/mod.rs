@@ -179,6 +179,41 @@ impl Store {
         std::mem::take(&mut self.changes)
     }
 
+    /// Whether XS_INTRODUCE recorded `domid` (dom0 is not listed).
+    pub fn is_introduced(&self, domid: DomId) -> bool {
+        self.domains.get(domid).is_some()
+    }
+
+    /// Answers a request with an error decided outside the store (the
+    /// daemon's XS_INTRODUCE when the ring cannot be mapped).
+    pub fn error_reply(&mut self, conn: ConnId, hdr: &Header, e: XsError, out: &mut Vec<Outgoing>) {
+        self.stats.requests += 1;
+        self.stats.errors += 1;
+        let mut msg = Vec::new();
+        encode_error(&mut msg, hdr.req_id, hdr.tx_id, e);
+        out.push(Outgoing {
+            conn,
+            msg,
+            is_event: false,
+        });
+    }
+
+    /// The transport layer found an introduced domain dead (Xen's
+    /// VIRQ_DOM_EXC): released as by XS_RELEASE. False if it was not
+    /// introduced.
+    pub fn domain_gone(&mut self, domid: DomId, out: &mut Vec<Outgoing>) -> bool {
+        self.is_introduced(domid) && self.release(domid, out).is_ok()
+    }
+
+    /// The ring reconnection protocol: drops the connection's watches and
+    /// transactions (as XS_RESET_WATCHES does).
+    pub fn reset_connection(&mut self, conn: ConnId) {
+        self.watches.remove_conn(conn);
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.txns.clear();
+        }
+    }
+
     fn who(&self, identity: Identity) -> Who {
         Who {
             domid: identity.domid,
@@ -629,11 +664,20 @@ impl Store {
         self.fire(&ev, out);
     }
 
-    /// XS_RELEASE: forgets the domain, deletes the nodes it owned (C
-    /// xenstored's default without `--keep-orphans`), fires @releaseDomain.
+    /// XS_RELEASE: forgets the domain, drops its connections' watches and
+    /// transactions (no events for its own nodes' removal), deletes the
+    /// nodes it owned (C xenstored's default without `--keep-orphans`),
+    /// revokes the rights other nodes grant it, fires @releaseDomain.
     fn release(&mut self, domid: DomId, out: &mut Vec<Outgoing>) -> Result<(), XsError> {
         if self.domains.remove(domid).is_none() {
             return Err(XsError::Enoent);
+        }
+        let guest = Identity::guest(domid);
+        for (id, c) in self.conns.iter_mut() {
+            if c.identity == guest {
+                self.watches.remove_conn(*id);
+                c.txns.clear();
+            }
         }
         if self.acct.entries(domid) > 0 {
             let mut owned = Vec::new();
@@ -660,9 +704,53 @@ impl Store {
                 self.fire(ev, out);
             }
         }
+        self.revoke_rights(domid);
         self.fire_special(RELEASE_DOMAIN, out);
         self.changes.push(DomainChange::Released(domid));
         Ok(())
+    }
+
+    /// XSA-322: permission entries naming a released domain must not
+    /// grant anything to a later domain that reuses its id. C xenstored
+    /// (4.14 and later) flags such entries `XS_PERM_IGNORE` when it reads a
+    /// node whose generation predates the domain; pvio removes them from
+    /// every node here, which permission checks and XS_GET_PERMS see the
+    /// same way. The nodes keep their generation and no watch fires, as
+    /// in C xenstored. An open transaction holding a changed node that
+    /// names the domain fails with EAGAIN at commit, so it cannot write the
+    /// entry back; its retry starts from the cleaned tree.
+    fn revoke_rights(&mut self, domid: DomId) {
+        let names = |p: &crate::perms::Perms| p.entries().iter().any(|e| e.domid == domid);
+        let (mut n, mut orphans) = (0, 0);
+        self.tree.for_each_mut(|node| {
+            if names(&node.perms) {
+                // An owner entry can only be left if removing its node
+                // failed: such a node goes to dom0 (`--keep-orphans` style).
+                if node.perms.owner() == domid {
+                    orphans += 1;
+                }
+                node.perms = node.perms.without_domain(domid, 0);
+                n += 1;
+            }
+        });
+        if orphans > 0 {
+            self.acct.add(domid, -orphans);
+            self.acct.add(0, orphans);
+        }
+        if n > 0 {
+            tracing::debug!(domid, nodes = n, "revoked a released domain's rights");
+        }
+        for c in self.conns.values_mut() {
+            for t in c.txns.values_mut() {
+                let stale = t
+                    .overlay
+                    .values()
+                    .any(|node| node.as_ref().is_some_and(|node| names(&node.perms)));
+                if stale && t.failed.is_none() {
+                    t.failed = Some(XsError::Eagain);
+                }
+            }
+        }
     }
 
     /// (watches, open transactions, connections) of a domain.

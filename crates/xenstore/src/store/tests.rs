@@ -891,3 +891,131 @@ mod arbitrary_frames {
         }
     }
 }
+
+fn introduce(h: &mut H, d0: ConnId, domid: DomId) {
+    h.op(
+        d0,
+        0,
+        Request::Introduce {
+            domid,
+            mfn: 1,
+            port: 1,
+        },
+    )
+    .unwrap();
+    h.s.take_domain_changes();
+}
+
+#[test]
+fn released_domain_rights_are_not_inherited_by_its_successor() {
+    // XSA-322: a later domain reusing the id must not inherit the grants.
+    let mut h = H::new();
+    let d0 = h.dom0();
+    let other = h.guest(6);
+    introduce(&mut h, d0, 5);
+    h.write(d0, "/vm/shared", "secret").unwrap();
+    h.set_perms(d0, "/vm/shared", "n0 r5 b6").unwrap();
+    h.write(d0, "/local/domain/6/backend", "x").unwrap();
+    h.set_perms(d0, "/local/domain/6/backend", "n6 b5").unwrap();
+    h.write(d0, "/vm/unrelated", "v").unwrap();
+    h.set_perms(d0, "/vm/unrelated", "r0").unwrap();
+    let g5 = h.guest(5);
+    assert_eq!(h.read(g5, "/vm/shared").unwrap(), "secret");
+    // Dom0 has a transaction holding a changed node that names domain 5.
+    let tx = h.tx_start(d0);
+    let p = "/vm/pending".to_string();
+    h.write_tx(d0, tx, &p, "1").unwrap();
+    h.op(
+        d0,
+        tx,
+        Request::SetPerms {
+            target: PermTarget::Node(p.clone()),
+            perms: perms("n0 w5"),
+        },
+    )
+    .unwrap();
+    // A transaction that only read a node naming 5 is not disturbed.
+    let tx2 = h.tx_start(d0);
+    assert_eq!(h.read_tx(d0, tx2, "/vm/shared").unwrap(), "secret");
+    h.write_tx(d0, tx2, "/vm/other", "o").unwrap();
+
+    h.s.disconnect(g5);
+    h.op(d0, 0, Request::Release(5)).unwrap();
+    assert_eq!(h.get_perms(d0, "/vm/shared").unwrap(), "n0 b6");
+    assert_eq!(h.get_perms(d0, "/local/domain/6/backend").unwrap(), "n6");
+    assert_eq!(h.get_perms(d0, "/vm/unrelated").unwrap(), "r0");
+    assert_eq!(h.tx_end(d0, tx, true), Err(XsError::Eagain));
+    assert_eq!(h.read(d0, "/vm/pending"), Err(XsError::Enoent));
+    h.tx_end(d0, tx2, true).unwrap();
+    // Domain 6 keeps its rights.
+    assert_eq!(h.read(other, "/vm/shared").unwrap(), "secret");
+
+    // A new domain 5 gets nothing from its predecessor...
+    introduce(&mut h, d0, 5);
+    let new5 = h.guest(5);
+    assert_eq!(h.read(new5, "/vm/shared"), Err(XsError::Eacces));
+    assert_eq!(
+        h.write(new5, "/local/domain/6/backend", "y"),
+        Err(XsError::Eacces)
+    );
+    // ...but what the toolstack grants it after the release holds.
+    h.set_perms(d0, "/vm/shared", "n0 r5").unwrap();
+    assert_eq!(h.read(new5, "/vm/shared").unwrap(), "secret");
+    h.check();
+}
+
+#[test]
+fn a_dead_domain_is_released_like_xs_release() {
+    let mut h = H::new();
+    let d0 = h.dom0();
+    h.watch(d0, "@releaseDomain", "r").unwrap();
+    h.events(d0);
+    assert!(!h.s.domain_gone(9, &mut h.out), "not introduced");
+    introduce(&mut h, d0, 9);
+    assert!(h.s.is_introduced(9));
+    h.write(d0, "/local/domain/9/data", "1").unwrap();
+    h.set_perms(d0, "/local/domain/9", "n9").unwrap();
+    let g = h.guest(9);
+    h.watch(g, "data", "mine").unwrap();
+    let t = h.tx_start(g);
+    h.events(g);
+    assert!(h.s.domain_gone(9, &mut h.out));
+    assert!(!h.s.is_introduced(9));
+    assert_eq!(h.events(d0), [("@releaseDomain".into(), "r".into())]);
+    assert!(h.events(g).is_empty(), "its own watches went first");
+    assert_eq!(h.read(d0, "/local/domain/9"), Err(XsError::Enoent));
+    assert_eq!(h.s.take_domain_changes(), [DomainChange::Released(9)]);
+    assert_eq!(h.tx_end(g, t, false), Err(XsError::Enoent));
+    h.check();
+}
+
+#[test]
+fn reset_connection_and_error_replies() {
+    let mut h = H::new();
+    let d0 = h.dom0();
+    let g = h.guest(3);
+    h.write(d0, "/local/domain/3/x", "1").unwrap();
+    h.set_perms(d0, "/local/domain/3", "n3").unwrap();
+    h.watch(g, "x", "t").unwrap();
+    let t = h.tx_start(g);
+    h.events(g);
+    h.s.reset_connection(g);
+    h.write(d0, "/local/domain/3/x", "2").unwrap();
+    assert!(h.events(g).is_empty(), "watch dropped");
+    assert_eq!(
+        h.tx_end(g, t, true),
+        Err(XsError::Enoent),
+        "transaction dropped"
+    );
+    let hdr = Header {
+        ty: 8,
+        req_id: 77,
+        tx_id: 0,
+        len: 0,
+    };
+    h.s.error_reply(d0, &hdr, XsError::Enoent, &mut h.out);
+    let o = h.out.pop().unwrap();
+    assert_eq!(o.conn, d0);
+    assert_eq!(&o.msg[16..], b"ENOENT\0");
+    assert_eq!(Header::decode(&o.msg).unwrap().req_id, 77);
+}

@@ -121,6 +121,13 @@ impl Tree {
     pub fn iter(&self) -> impl Iterator<Item = (&String, &Node)> {
         self.nodes.iter()
     }
+
+    /// Changes nodes in place, without stamping a generation: for
+    /// bookkeeping that clients must not see as a change (a released
+    /// domain's permission entries).
+    pub fn for_each_mut(&mut self, f: impl FnMut(&mut Node)) {
+        self.nodes.values_mut().for_each(f);
+    }
 }
 
 impl Default for Tree {

@@ -58,6 +58,8 @@ impl MiniHost {
             .arg("xenstored")
             .arg("--socket")
             .arg(&xs_socket)
+            .arg("--hvd-socket")
+            .arg(&hvd_socket)
             .env("PVIO_LOG", "warn")
             .stdin(Stdio::null())
             .spawn()

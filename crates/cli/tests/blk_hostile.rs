@@ -75,7 +75,7 @@ fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
 
     // This process becomes the guest.
     let dom = HvClient::claim_domain(&host.hvd_socket, d.domid, d.token).unwrap();
-    let res = GuestResources::new(dom, RESERVED_FRAMES);
+    let (res, store) = GuestResources::new(dom, RESERVED_FRAMES);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -92,11 +92,7 @@ fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
     let sectors = q.info().sectors;
     let g = q.buffer_grants(0).to_vec();
     // A page granted to someone else, and a ref nobody granted.
-    let foreign = res
-        .dom
-        .grants
-        .grant_access(7, RESERVED_FRAMES, false)
-        .unwrap();
+    let foreign = res.grants.grant_access(7, RESERVED_FRAMES, false).unwrap();
     let io = Err(DeviceError::Io);
     let unsupported = Err(DeviceError::NotSupported);
 

@@ -124,20 +124,31 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         Some(s) => Some(JobSpec::parse(s).with_context(|| format!("bad --job {s:?}"))?),
         None => None,
     };
+    let claimed = args.domid.is_some();
     let dom = match (args.domid, args.token) {
         (Some(d), Some(t)) => HvClient::claim_domain(&args.hvd_socket, d, t)?,
         _ => HvClient::register_guest(&args.hvd_socket, &args.name, args.memory_mib * 256)?,
     };
     let domid = dom.client.domid();
-    let res = GuestResources::new(dom, RESERVED_FRAMES);
-    let xs = Client::connect(&args.xenstore_socket)
-        .await
-        .with_context(|| {
-            format!(
-                "connecting to xenstored at {}",
-                args.xenstore_socket.display()
-            )
-        })?;
+    let (res, store) = GuestResources::new(dom, RESERVED_FRAMES);
+    // A domain the toolstack created was introduced to xenstored: talk to
+    // it over the xenbus ring, as the guest. A domain this process created
+    // itself was not (no toolstack ran), so it uses the dom0 socket: for
+    // development only.
+    let xs = if claimed {
+        Client::connect_ring(res.memory.clone(), store)
+            .await
+            .context("connecting to xenstored over the xenbus ring")?
+    } else {
+        Client::connect(&args.xenstore_socket)
+            .await
+            .with_context(|| {
+                format!(
+                    "connecting to xenstored at {}",
+                    args.xenstore_socket.display()
+                )
+            })?
+    };
     let devids = if args.disks.is_empty() {
         vbds(&xs, domid).await?
     } else {

@@ -23,8 +23,9 @@ use pvio_abi::blkif::{Blkif, VDISK_READONLY};
 use pvio_abi::grant_table::GrantRef;
 use pvio_abi::xenbus::XenbusState;
 use pvio_abi::{DomId, XEN_IO_PROTO_ABI_X86_64, XEN_PAGE_SIZE};
+use pvio_hv::grant::GrantTable;
 use pvio_hv::memory::FrameAllocator;
-use pvio_hv::{Gfn, GuestDomain};
+use pvio_hv::{EventChannel, Gfn, GuestDomain, GuestMemory, HvClient};
 use pvio_poll::{AdaptiveConfig, HostLoad, PollPolicy, Poller};
 use pvio_ring::{FrontRing, GuestPages, RingProtocol};
 use pvio_xenstore::xenbus::{frontend_path, read_state, switch_state, wait_for_state};
@@ -103,21 +104,37 @@ pub enum FrontError {
     Config(String),
 }
 
-/// Resources of the guest that frontends share.
+/// Resources of the guest that frontends share: its hvd connection,
+/// memory, grant table and frame allocator.
 #[derive(Clone)]
 pub struct GuestResources {
-    pub dom: Arc<GuestDomain>,
+    pub client: Arc<HvClient>,
+    pub memory: Arc<GuestMemory>,
+    pub grants: Arc<GrantTable>,
     pub frames: Arc<Mutex<FrameAllocator>>,
 }
 
 impl GuestResources {
-    /// Wraps a guest domain; frames below `reserved` are never allocated.
-    pub fn new(dom: GuestDomain, reserved: u32) -> Self {
-        let frames = dom.memory.frames();
-        Self {
-            dom: Arc::new(dom),
-            frames: Arc::new(Mutex::new(FrameAllocator::new(frames, reserved))),
-        }
+    /// Takes a guest domain apart: its resources for frontends, and its
+    /// xenstore event channel (for the xenbus ring client). Frames below
+    /// `reserved` are never allocated.
+    pub fn new(dom: GuestDomain, reserved: u32) -> (Self, EventChannel) {
+        let GuestDomain {
+            client,
+            memory,
+            grants,
+            store,
+        } = dom;
+        let frames = memory.frames();
+        (
+            Self {
+                client: Arc::new(client),
+                memory,
+                grants,
+                frames: Arc::new(Mutex::new(FrameAllocator::new(frames, reserved))),
+            },
+            store,
+        )
     }
 
     fn alloc(&self, n: u32) -> Result<Gfn, FrontError> {
@@ -132,7 +149,7 @@ impl GuestResources {
     fn grant_pages(&self, pages: u32, backend: DomId) -> Result<GrantedPages, FrontError> {
         let first = self.alloc(pages)?;
         let grefs = (0..pages)
-            .map(|i| self.dom.grants.grant_access(backend, first + i, false))
+            .map(|i| self.grants.grant_access(backend, first + i, false))
             .collect::<Result<Vec<GrantRef>, _>>()?;
         Ok(GrantedPages { first, grefs })
     }
@@ -207,7 +224,7 @@ pub async fn connect(
             cfg.buffers, cfg.buffer_size
         )));
     }
-    let domid = res.dom.client.domid();
+    let domid = res.client.domid();
     let fe_dir = frontend_path(domid, "vbd", cfg.devid);
     let be_dir = xs.read_string(&format!("{fe_dir}/{}", fk::BACKEND)).await?;
     let backend_id: DomId = read_num(&xs, &format!("{fe_dir}/{}", fk::BACKEND_ID), 0).await?;
@@ -248,12 +265,12 @@ pub async fn connect(
     let mut queues = Vec::new();
     for q in 0..nq {
         let pages = res.alloc(1 << order)?;
-        let ring_pages = GuestPages::new(res.dom.memory.clone(), pages, 1 << order)?;
+        let ring_pages = GuestPages::new(res.memory.clone(), pages, 1 << order)?;
         let front = FrontRing::<Blkif, _>::init(ring_pages.clone())?;
         let grefs = (0..1u32 << order)
-            .map(|i| res.dom.grants.grant_access(backend_id, pages + i, false))
+            .map(|i| res.grants.grant_access(backend_id, pages + i, false))
             .collect::<Result<Vec<_>, _>>()?;
-        let chan = res.dom.client.evtchn_alloc_unbound(backend_id)?;
+        let chan = res.client.evtchn_alloc_unbound(backend_id)?;
         let sh = Arc::new(QueueShared {
             state: Mutex::new(RingState {
                 front,
@@ -289,7 +306,7 @@ pub async fn connect(
                 discard: false,
                 max_request_bytes: max_pages * XEN_PAGE_SIZE as u32,
             },
-            mem: res.dom.memory.clone(),
+            mem: res.memory.clone(),
             buffers,
             buffer_size: cfg.buffer_size,
             indirect,
@@ -489,7 +506,7 @@ impl BlkFront {
         self.mark_closed("the device was closed");
         for q in &self.queues {
             let port = q.lock().chan.port();
-            let _ = self.res.dom.client.evtchn_close(port);
+            let _ = self.res.client.evtchn_close(port);
         }
         let _ = switch_state(&self.xs, &self.fe_dir, XenbusState::Closed).await;
     }
@@ -504,10 +521,10 @@ impl BlkFront {
             let _ = pvio_hv::sys::eventfd_signal(st.chan.wait_fd());
         }
         for q in &self.queues {
-            let chan = self.res.dom.client.evtchn_alloc_unbound(self.backend_id)?;
+            let chan = self.res.client.evtchn_alloc_unbound(self.backend_id)?;
             let mut st = q.lock();
             let old = std::mem::replace(&mut st.chan, Arc::new(chan));
-            let _ = self.res.dom.client.evtchn_close(old.port());
+            let _ = self.res.client.evtchn_close(old.port());
             let pages = st.pages.clone();
             st.front = FrontRing::<Blkif, _>::init(pages)?;
             st.suppressed = false;

@@ -80,8 +80,12 @@ fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
         .enable_all()
         .build()
         .unwrap();
+    // Like a real guest, reach the xenstore over the xenbus ring.
     let xs = rt
-        .block_on(pvio_xenstore::Client::connect(&host.xs_socket))
+        .block_on(pvio_xenstore::Client::connect_ring(
+            res.memory.clone(),
+            store,
+        ))
         .unwrap();
     let mut cfg = FrontendConfig::new(xvd_devid(0));
     cfg.buffers = 2;

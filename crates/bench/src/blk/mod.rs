@@ -145,6 +145,11 @@ impl Run<'_> {
             .guest_command(d)?
             .args(["--job", job, "--json", "--polling", frontend_polling])
             .stdin(Stdio::null())
+            .stderr(if std::env::var_os("PVIO_BENCH_DEBUG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::piped()
+            })
             .output()
             .context("running the guest")?;
         if !out.status.success() {
@@ -236,8 +241,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for (name, be, fe) in modes() {
             r.say(&format!("pvio {name} QD{depth}, {runtime} s"));
             let (d, _vbd, tap) = r.disk(&format!("qd{depth}-{name}"), be, &[], &[])?;
+            // size= caps the bytes moved: out of reach, so the run is
+            // time-based like fio's --time_based.
             let job = format!(
-                "rw=randread,bs=4k,iodepth={depth},runtime={}ms",
+                "rw=randread,bs=4k,iodepth={depth},size=64t,runtime={}ms",
                 (runtime * 1000.0) as u64
             );
             let rep = r.job(&d, &job, fe)?;
@@ -419,7 +426,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 let rep = r.job(
                     &d,
                     &format!(
-                        "rw=randread,bs={s},iodepth=1,runtime={}ms",
+                        "rw=randread,bs={s},iodepth=1,size=64t,runtime={}ms",
                         (rt * 1000.0) as u64
                     ),
                     "adaptive",
@@ -445,7 +452,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let rep = r.job(
                 &d,
                 &format!(
-                    "rw=randread,bs={s},iodepth=1,runtime={}ms",
+                    "rw=randread,bs={s},iodepth=1,size=64t,runtime={}ms",
                     (rt * 2000.0) as u64
                 ),
                 "adaptive",

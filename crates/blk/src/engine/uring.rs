@@ -107,8 +107,16 @@ impl UringEngine {
     /// kernel offers.
     pub fn new(config: &EngineConfig) -> Result<Self, EngineError> {
         let capacity = config.queue_depth.clamp(1, 4096);
+        // Cooperative task running: completion work is not pushed at the
+        // thread with an interrupt (an IPI, and a VM exit, per completion on
+        // a VM) but flagged, and run at the thread's next system call;
+        // `has_completions` makes that call when the flag is up. Kernels
+        // before 5.19 lack it: fall back to the default setup.
         let ring = IoUring::builder()
+            .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(capacity)
+            .or_else(|_| IoUring::builder().build(capacity))
             .map_err(EngineError::UringUnavailable)?;
         if !ring.params().is_feature_ext_arg() {
             return Err(EngineError::UringUnsupported(
@@ -475,7 +483,15 @@ impl Engine for UringEngine {
     }
 
     fn has_completions(&mut self) -> bool {
-        !self.ring.completion().is_empty()
+        if !self.ring.completion().is_empty() {
+            return true;
+        }
+        // Completion work waiting for us to enter the kernel (see `new`).
+        if self.in_flight > 0 && self.ring.submission().taskrun() {
+            let _ = self.enter(0, None);
+            return !self.ring.completion().is_empty();
+        }
+        false
     }
 
     fn prepare_to_block(&mut self) -> Result<bool, EngineError> {

@@ -478,3 +478,22 @@ pub(crate) fn resume(shared: &QueueShared) -> Result<(), String> {
     }
     Ok(())
 }
+
+impl Drop for BlkQueue {
+    fn drop(&mut self) {
+        let s = self.poller.stats();
+        tracing::debug!(
+            queue = self.index,
+            arrivals = s.arrivals,
+            poll_hits = s.poll_hits,
+            woken = s.woken,
+            polls = s.polls,
+            blocks = s.blocks,
+            timed = s.timed_blocks,
+            spin_us = s.spin_ns / 1000,
+            busy_refusals = s.busy_refusals,
+            gap = ?self.poller.learned_gap(),
+            "frontend queue polling"
+        );
+    }
+}

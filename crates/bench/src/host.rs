@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use pvio_hv::{CreatedDomain, HvClient};
-use pvio_xenstore::{Access, Client, Perm, Perms};
+use pvio_xenops::xs_tree;
+use pvio_xenstore::Client;
 
 use crate::procs::{pvio_exe, start_hvd, ChildGuard, ScratchDir};
 
@@ -102,26 +103,22 @@ impl MiniHost {
         Ok(self.rt.block_on(f(&self.xs))?)
     }
 
-    /// Creates a domain of `memory_mib` and its xenstore home, and
+    /// Creates a domain of `memory_mib` and its xenstore home (the
+    /// toolstack's layout, [`pvio_xenops::xs_tree::write_domain`]), and
     /// introduces it to xenstored.
     pub fn create_domain(&self, name: &str, memory_mib: u32) -> anyhow::Result<CreatedDomain> {
         let d = self.host.create_domain(name, memory_mib * 256)?;
-        let home = format!("/local/domain/{}", d.domid);
-        let name = name.to_string();
+        let spec = pvio_xenops::VmSpec {
+            uuid: format!("minihost-{}", d.domid),
+            name: name.to_string(),
+            memory_mib,
+            vcpus: 1,
+            vbds: Vec::new(),
+            workload: pvio_xenops::Workload::Idle,
+        };
         self.xs(async |xs| {
-            xs.transaction(async |t| {
-                t.write(&format!("{home}/name"), &name).await?;
-                t.write(&format!("{home}/domid"), d.domid.to_string())
-                    .await?;
-                t.mkdir(&format!("{home}/device")).await?;
-                t.mkdir(&format!("{home}/data")).await?;
-                Ok(())
-            })
-            .await?;
-            let owned = Perms::owned_by(d.domid);
-            for sub in ["", "/device", "/data", "/name", "/domid"] {
-                xs.set_perms(&format!("{home}{sub}"), &owned).await?;
-            }
+            xs_tree::write_domain(xs, d.domid, &spec).await?;
+            xs.rm(&xs_tree::action_request(d.domid)).await?;
             xs.introduce(
                 d.domid,
                 u64::from(pvio_hv::memory::STORE_FRAME),
@@ -134,8 +131,8 @@ impl MiniHost {
     }
 
     /// Writes a VBD's frontend and backend directories (libxl's layout and
-    /// permissions) in one transaction. `extra` adds backend keys such as
-    /// `pvio-polling`.
+    /// permissions, [`pvio_xenops::xs_tree::write_vbd`]) in one transaction.
+    /// `extra` adds backend keys such as `pvio-polling`.
     pub fn add_vbd(
         &self,
         domid: u16,
@@ -144,69 +141,17 @@ impl MiniHost {
         writable: bool,
         extra: &[(&str, String)],
     ) -> anyhow::Result<Vbd> {
-        let fe = format!("/local/domain/{domid}/device/vbd/{devid}");
-        let be = format!("/local/domain/0/backend/vbd/{domid}/{devid}");
-        let fe_keys: Vec<(String, String)> = vec![
-            ("backend".into(), be.clone()),
-            ("backend-id".into(), "0".into()),
-            ("state".into(), "1".into()),
-            ("virtual-device".into(), devid.to_string()),
-            ("device-type".into(), "disk".into()),
-        ];
-        let mut be_keys: Vec<(String, String)> = vec![
-            ("frontend".into(), fe.clone()),
-            ("frontend-id".into(), domid.to_string()),
-            ("online".into(), "1".into()),
-            ("state".into(), "1".into()),
-            ("params".into(), image.display().to_string()),
-            ("type".into(), "file".into()),
-            ("mode".into(), if writable { "w" } else { "r" }.into()),
-            ("device-type".into(), "disk".into()),
-            (
-                "dev".into(),
-                format!("xvd{}", (b'a' + (devid >> 4 & 0xf) as u8) as char),
-            ),
-        ];
-        be_keys.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
-        let (fe2, be2) = (fe.clone(), be.clone());
-        self.xs(async |xs| {
-            xs.transaction(async |t| {
-                for (k, v) in &fe_keys {
-                    t.write(&format!("{fe2}/{k}"), v).await?;
-                }
-                for (k, v) in &be_keys {
-                    t.write(&format!("{be2}/{k}"), v).await?;
-                }
-                // libxl__device_generic_add: the frontend is the guest's,
-                // readable by the backend; the backend is dom0's, readable
-                // by the guest.
-                let fe_perms = Perms::new(vec![
-                    Perm::new(Access::None, domid),
-                    Perm::new(Access::Read, 0),
-                ])
-                .expect("two entries");
-                let be_perms = Perms::new(vec![
-                    Perm::new(Access::None, 0),
-                    Perm::new(Access::Read, domid),
-                ])
-                .expect("two entries");
-                t.set_perms(&fe2, &fe_perms).await?;
-                for (k, _) in &fe_keys {
-                    t.set_perms(&format!("{fe2}/{k}"), &fe_perms).await?;
-                }
-                t.set_perms(&be2, &be_perms).await?;
-                for (k, _) in &be_keys {
-                    t.set_perms(&format!("{be2}/{k}"), &be_perms).await?;
-                }
-                Ok(())
-            })
-            .await
-        })?;
+        let extra: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let p = self
+            .xs(async |xs| xs_tree::write_vbd(xs, domid, devid, image, writable, &extra).await)?;
         Ok(Vbd {
             domid,
             devid,
-            backend: be,
-            frontend: fe,
+            backend: p.backend,
+            frontend: p.frontend,
         })
     }
 

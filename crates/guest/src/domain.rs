@@ -22,7 +22,7 @@ use pvio_hv::HvClient;
 use pvio_poll::PollPolicy;
 use pvio_xenstore::Client;
 
-use crate::job::{run_jobs, JobSpec};
+use crate::job::{run_jobs, JobSpec, RunReport};
 use crate::nbd::{NbdConfig, NbdServer};
 
 /// Options of `pvio guest`.
@@ -82,6 +82,10 @@ pub struct GuestArgs {
     /// Connect the disks and wait for SIGTERM.
     #[arg(long)]
     pub idle: bool,
+    /// After the workload, stay running (disks connected) until asked to
+    /// shut down: SIGTERM, or `control/shutdown` for a toolstack's domain.
+    #[arg(long)]
+    pub stay: bool,
     /// After the workload, stay connected but idle for this many seconds
     /// (to measure what an idle guest costs the backend).
     #[arg(long, default_value_t = 0.0)]
@@ -149,6 +153,7 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
                 )
             })?
     };
+    let shutdown = ShutdownRequest::listen(&xs, domid, claimed).await?;
     let devids = if args.disks.is_empty() {
         vbds(&xs, domid).await?
     } else {
@@ -163,22 +168,53 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         .as_ref()
         .map_or((32, 1 << 20), |s| (s.iodepth as usize, s.bs.0 as usize));
     let mut cfg = FrontendConfig::new(0);
-    cfg.queues = args.queues.unwrap_or(numjobs).max(1);
     cfg.ring_order = args.ring_order;
-    cfg.buffers = iodepth.max(1);
-    cfg.buffer_size = bs.max(4096).div_ceil(4096) * 4096;
     cfg.poll = match args.polling.as_str() {
         "adaptive" => front::frontend_default_policy(),
         other => other.parse::<PollPolicy>().map_err(anyhow::Error::msg)?,
     };
+    // Jobs are spread over the disks (job j on disk j mod n); the NBD
+    // export and the boot read use the first disk. A disk no workload
+    // touches gets one small buffer, so a VM of 255 idle disks stays small.
+    let jobs_per_disk = |i: usize| -> u32 {
+        if spec.is_none() {
+            return u32::from(i == 0 && (args.nbd.is_some() || args.boot_read.is_some()));
+        }
+        let n = devids.len() as u32;
+        (numjobs / n) + u32::from((i as u32) < numjobs % n)
+    };
     let stop = Arc::new(tokio::sync::Notify::new());
+    let mut connecting = tokio::task::JoinSet::new();
+    for (i, devid) in devids.iter().enumerate() {
+        let mut cfg = cfg.clone();
+        cfg.devid = *devid;
+        let used = jobs_per_disk(i);
+        if used > 0 {
+            cfg.queues = args.queues.unwrap_or(used).max(1);
+            cfg.buffers = iodepth.max(1);
+            cfg.buffer_size = bs.max(4096).div_ceil(4096) * 4096;
+        } else {
+            cfg.queues = 1;
+            cfg.buffers = 1;
+            cfg.buffer_size = 4096;
+        }
+        let (res, xs) = (res.clone(), xs.clone());
+        // Disks connect in parallel, as a kernel probes its xenbus devices.
+        connecting.spawn_local(async move {
+            let r = front::connect(res, xs, &cfg).await;
+            (i, cfg.devid, r)
+        });
+    }
+    let mut connected = Vec::new();
+    while let Some(joined) = connecting.join_next().await {
+        let (i, devid, r) = joined.context("a disk's connect task failed")?;
+        let (blk, queues) = r.with_context(|| format!("connecting disk {devid}"))?;
+        connected.push((i, blk, queues));
+    }
+    connected.sort_by_key(|(i, _, _)| *i);
     let mut supervisors = Vec::new();
     let mut all_queues: Vec<Vec<BlkQueue>> = Vec::new();
-    for devid in &devids {
-        cfg.devid = *devid;
-        let (blk, queues) = front::connect(res.clone(), xs.clone(), &cfg)
-            .await
-            .with_context(|| format!("connecting disk {devid}"))?;
+    for (_, blk, queues) in connected {
         let s = stop.clone();
         supervisors.push(tokio::task::spawn_local(async move {
             if let Err(e) = blk.supervise(async move { s.notified().await }).await {
@@ -187,9 +223,29 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         }));
         all_queues.push(queues);
     }
-    let result = workload(&args, spec, domid, &xs, &mut all_queues).await;
+    if claimed {
+        let known = devids.iter().copied().collect();
+        tokio::task::spawn_local(hotplug(
+            res.clone(),
+            xs.clone(),
+            cfg.clone(),
+            domid,
+            known,
+            stop.clone(),
+        ));
+    }
+    let result = workload(&args, spec, domid, &xs, &mut all_queues, &shutdown).await;
+    if let Err(e) = &result {
+        report_failure(&xs, domid, claimed, e).await;
+    }
     if result.is_ok() && args.linger > 0.0 {
-        tokio::time::sleep(Duration::from_secs_f64(args.linger)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs_f64(args.linger)) => {}
+            _ = shutdown.wait() => {}
+        }
+    }
+    if result.is_ok() && args.stay {
+        shutdown.wait().await;
     }
     stop.notify_waiters();
     for s in supervisors {
@@ -198,13 +254,178 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn wait_for_termination() -> anyhow::Result<()> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// Connects disks the toolstack plugs while the guest runs (as a kernel's
+/// xenbus probe does): they get one small buffer, for no workload uses them.
+/// A disk the toolstack unplugs is closed by its supervisor when the backend
+/// closes.
+async fn hotplug(
+    res: GuestResources,
+    xs: Client,
+    mut cfg: FrontendConfig,
+    domid: u16,
+    mut known: std::collections::HashSet<u32>,
+    stop: Arc<tokio::sync::Notify>,
+) {
+    let dir = format!("/local/domain/{domid}/device/vbd");
+    let mut w = match xs.watch(&dir).await {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::warn!("watching {dir}: {e}");
+            return;
+        }
+    };
+    while w.next().await.is_some() {
+        let now = match vbds(&xs, domid).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!("listing {dir}: {e}");
+                continue;
+            }
+        };
+        known.retain(|d| now.contains(d));
+        for devid in now {
+            if !known.insert(devid) {
+                continue;
+            }
+            cfg.devid = devid;
+            cfg.queues = 1;
+            cfg.buffers = 1;
+            cfg.buffer_size = 4096;
+            let (res, xs, cfg, stop) = (res.clone(), xs.clone(), cfg.clone(), stop.clone());
+            tokio::task::spawn_local(async move {
+                match front::connect(res, xs, &cfg).await {
+                    Ok((blk, _queues)) => {
+                        tracing::info!(devid, "hot-plugged disk connected");
+                        if let Err(e) = blk.supervise(async move { stop.notified().await }).await {
+                            tracing::warn!(devid, "disk supervisor: {e}");
+                        }
+                    }
+                    Err(e) => tracing::warn!(devid, "connecting hot-plugged disk: {e}"),
+                }
+            });
+        }
     }
+}
+
+/// A request to stop: SIGTERM or SIGINT, or (for a domain the toolstack
+/// started) `control/shutdown` in the xenstore, as a PV guest kernel
+/// watches it. A xenstore request is acknowledged by clearing the key.
+struct ShutdownRequest {
+    rx: tokio::sync::watch::Receiver<bool>,
+}
+
+impl ShutdownRequest {
+    async fn listen(xs: &Client, domid: u16, from_xenstore: bool) -> anyhow::Result<Self> {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let tx = Arc::new(tx);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let t = tx.clone();
+        tokio::task::spawn_local(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            tracing::info!("signal: shutting down");
+            t.send_replace(true);
+        });
+        if from_xenstore {
+            let key = format!("/local/domain/{domid}/control/shutdown");
+            let mut w = xs.watch(&key).await?;
+            let xs = xs.clone();
+            tokio::task::spawn_local(async move {
+                while w.next().await.is_some() {
+                    let v = match xs.try_read(&key).await {
+                        Ok(v) => v.unwrap_or_default(),
+                        Err(e) => {
+                            tracing::warn!("reading {key}: {e}");
+                            continue;
+                        }
+                    };
+                    let v = String::from_utf8_lossy(&v).into_owned();
+                    if matches!(v.as_str(), "poweroff" | "halt" | "reboot") {
+                        tracing::info!(request = %v, "shutdown requested by the toolstack");
+                        if let Err(e) = xs.write(&key, "").await {
+                            tracing::warn!("acknowledging {key}: {e}");
+                        }
+                        tx.send_replace(true);
+                        return;
+                    }
+                }
+            });
+        }
+        Ok(Self { rx })
+    }
+
+    /// Whether a stop was requested.
+    fn requested(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Waits for a stop request.
+    async fn wait(&self) {
+        let mut rx = self.rx.clone();
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+/// The xenstore directory a toolstack-started guest reports its workload in
+/// (like a guest agent's `data/` keys).
+fn workload_dir(domid: u16) -> String {
+    format!("/local/domain/{domid}/data/workload")
+}
+
+async fn report_failure(xs: &Client, domid: u16, claimed: bool, e: &anyhow::Error) {
+    if !claimed {
+        return;
+    }
+    let dir = workload_dir(domid);
+    let msg: String = format!("{e:#}").chars().take(1024).collect();
+    let r = xs
+        .transaction(async |t| {
+            t.write(&format!("{dir}/state"), "failed").await?;
+            t.write(&format!("{dir}/error"), msg.as_str()).await?;
+            Ok(())
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::warn!("reporting the failure in {dir}: {e}");
+    }
+}
+
+/// Writes a job's results where the toolstack reads them.
+async fn report_job(xs: &Client, domid: u16, r: &RunReport) -> anyhow::Result<()> {
+    let dir = workload_dir(domid);
+    let t = &r.total;
+    let verify = if r.jobs.iter().all(|j| j.verify.is_none()) {
+        "off".to_string()
+    } else if t.verify_failures == 0 {
+        "ok".to_string()
+    } else {
+        format!("failed ({} blocks)", t.verify_failures)
+    };
+    let state = if r.ok() { "done" } else { "failed" };
+    let keys: Vec<(&str, String)> = vec![
+        ("state", state.into()),
+        ("runtime_s", format!("{:.2}", t.runtime_s)),
+        ("iops", format!("{:.0}", t.read.iops + t.write.iops)),
+        ("mb_s", format!("{:.1}", t.read.mb_per_s + t.write.mb_per_s)),
+        ("read_iops", format!("{:.0}", t.read.iops)),
+        ("write_iops", format!("{:.0}", t.write.iops)),
+        ("read_p50_us", format!("{:.1}", t.read.lat_us.p50)),
+        ("read_p99_us", format!("{:.1}", t.read.lat_us.p99)),
+        ("write_p50_us", format!("{:.1}", t.write.lat_us.p50)),
+        ("write_p99_us", format!("{:.1}", t.write.lat_us.p99)),
+        ("errors", t.errors.to_string()),
+        ("verify", verify),
+    ];
+    xs.transaction(async |tx| {
+        for (k, v) in &keys {
+            tx.write(&format!("{dir}/{k}"), v.as_str()).await?;
+        }
+        Ok(())
+    })
+    .await?;
     Ok(())
 }
 
@@ -214,25 +435,46 @@ async fn workload(
     domid: u16,
     xs: &Client,
     disks: &mut [Vec<BlkQueue>],
+    shutdown: &ShutdownRequest,
 ) -> anyhow::Result<()> {
+    let claimed = args.domid.is_some();
+    if claimed {
+        xs.write(&format!("{}/state", workload_dir(domid)), "running")
+            .await?;
+    }
     if let Some(spec) = spec {
-        // Every job runs on its own queue; with several disks, the jobs
-        // of the first disk (one report).
-        let queues = std::mem::take(&mut disks[0]);
-        if (queues.len() as u32) < spec.numjobs {
-            bail!(
-                "numjobs={} but the disk has {} queues",
-                spec.numjobs,
-                queues.len()
-            );
+        // Job j runs on its own queue of disk j mod n.
+        let n = disks.len();
+        let mut queues: Vec<std::vec::IntoIter<BlkQueue>> = disks
+            .iter_mut()
+            .map(|d| std::mem::take(d).into_iter())
+            .collect();
+        let mut picked = Vec::with_capacity(spec.numjobs as usize);
+        for j in 0..spec.numjobs as usize {
+            match queues[j % n].next() {
+                Some(q) => picked.push(q),
+                None => bail!(
+                    "numjobs={} but disk {} has too few queues",
+                    spec.numjobs,
+                    j % n
+                ),
+            }
         }
         let stop = Arc::new(AtomicBool::new(false));
         let json = args.json;
+        let flag = stop.clone();
+        let mut rx = shutdown.rx.clone();
+        let stopper = tokio::task::spawn_local(async move {
+            let _ = rx.wait_for(|v| *v).await;
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        });
         let outcome = tokio::task::spawn_blocking(move || {
-            let mut qs = queues.into_iter();
+            let mut qs = picked.into_iter();
             run_jobs(&spec, |_| qs.next().ok_or("no queue left"), Some(stop))
         })
-        .await??;
+        .await?;
+        stopper.abort();
+        let outcome = outcome?;
         let r = &outcome.report;
         {
             use std::io::Write;
@@ -245,7 +487,10 @@ async fn workload(
             }
             out.flush()?;
         }
-        if !r.ok() {
+        if claimed {
+            report_job(xs, domid, r).await?;
+        }
+        if !r.ok() && !shutdown.requested() {
             bail!("the job reported errors or verify failures");
         }
         return Ok(());
@@ -261,19 +506,33 @@ async fn workload(
             },
         )?;
         tracing::info!(socket = %path.display(), "NBD export ready");
-        wait_for_termination().await?;
+        shutdown.wait().await;
         server.shutdown()?;
         return Ok(());
     }
     if let Some(mib) = args.boot_read {
         let mut q = disks[0].remove(0);
         let bytes = u64::from(mib) << 20;
-        tokio::task::spawn_blocking(move || boot_read(&mut q, bytes)).await??;
-        xs.write(&format!("/local/domain/{domid}/data/ready"), "1")
-            .await?;
+        let t0 = std::time::Instant::now();
+        tokio::select! {
+            r = tokio::task::spawn_blocking(move || boot_read(&mut q, bytes)) => r??,
+            _ = shutdown.wait() => return Ok(()),
+        }
+        let dir = workload_dir(domid);
+        let secs = format!("{:.3}", t0.elapsed().as_secs_f64());
+        xs.transaction(async |t| {
+            t.write(&format!("{dir}/state"), "done").await?;
+            t.write(&format!("{dir}/boot_read_s"), secs.as_str())
+                .await?;
+            t.write(&format!("/local/domain/{domid}/data/ready"), "1")
+                .await?;
+            Ok(())
+        })
+        .await?;
         return Ok(());
     }
-    wait_for_termination().await
+    shutdown.wait().await;
+    Ok(())
 }
 
 /// Reads `bytes` from the start of the disk in buffer-sized requests, with

@@ -1,0 +1,187 @@
+//! Plugging and unplugging one VBD: the SR's attach (and detach) delay, the
+//! xenstore directories, and the VBD's tapdisk process, which is plugged
+//! when its backend reaches InitWait (ready for a frontend).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pvio_abi::xenbus::XenbusState;
+use pvio_xenstore::Client;
+
+use crate::cgroup::CpuGroup;
+use crate::process::{log_tail, Proc};
+use crate::spec::VbdSpec;
+use crate::xs_tree::{self, VbdPaths};
+
+/// How long a tapdisk may take to reach InitWait.
+pub const PLUG_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a tapdisk may take to close with its frontend on unplug.
+pub const UNPLUG_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a tapdisk gets after SIGTERM before SIGKILL.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
+
+/// A VBD whose tapdisk was started.
+#[derive(Debug, Clone)]
+pub struct PluggedVbd {
+    pub spec: VbdSpec,
+    pub paths: VbdPaths,
+    pub tapdisk: Proc,
+    pub log: PathBuf,
+}
+
+/// What plugging needs from the engine.
+pub struct PlugContext<'a> {
+    pub xs: &'a Client,
+    pub pvio_bin: &'a std::path::Path,
+    pub hvd_socket: &'a std::path::Path,
+    pub xenstore_socket: &'a std::path::Path,
+    /// The VM's directory for logs and stats.
+    pub dir: &'a std::path::Path,
+    pub cgroup: Option<&'a CpuGroup>,
+    pub domid: u16,
+}
+
+/// Why a plug failed. `started` is the tapdisk if one was started (the
+/// caller must still clean it up).
+#[derive(Debug)]
+pub struct PlugError {
+    pub reason: String,
+    pub started: Option<PluggedVbd>,
+}
+
+/// Attaches the VDI (the SR's delay), writes the VBD's directories, starts
+/// its tapdisk and waits for InitWait.
+pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, PlugError> {
+    let fail = |reason: String| PlugError {
+        reason,
+        started: None,
+    };
+    // SR.attach: slow storage layers take this long.
+    if !spec.attach_delay.is_zero() {
+        tokio::time::sleep(spec.attach_delay).await;
+    }
+    let paths = xs_tree::write_vbd(
+        ctx.xs,
+        ctx.domid,
+        spec.devid,
+        &spec.image,
+        spec.writable,
+        &spec.backend_keys,
+    )
+    .await
+    .map_err(|e| fail(format!("writing its xenstore directories: {e}")))?;
+    let log = ctx.dir.join(format!("tapdisk-{}.log", spec.devid));
+    let mut cmd = tokio::process::Command::new(ctx.pvio_bin);
+    cmd.arg("tapdisk")
+        .arg("--backend")
+        .arg(&paths.backend)
+        .arg("--hvd-socket")
+        .arg(ctx.hvd_socket)
+        .arg("--xenstore-socket")
+        .arg(ctx.xenstore_socket)
+        .arg("--stats-file")
+        .arg(ctx.dir.join(format!("tapdisk-{}.json", spec.devid)))
+        .env(
+            "PVIO_LOG",
+            std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    let tapdisk = Proc::spawn(cmd, &log, ctx.cgroup)
+        .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
+    let plugged = PluggedVbd {
+        spec: spec.clone(),
+        paths,
+        tapdisk,
+        log,
+    };
+    match wait_backend(ctx.xs, &plugged, PLUG_TIMEOUT, |s| {
+        s >= XenbusState::InitWait && s <= XenbusState::Connected
+    })
+    .await
+    {
+        Ok(()) => Ok(plugged),
+        Err(reason) => Err(PlugError {
+            reason,
+            started: Some(plugged),
+        }),
+    }
+}
+
+/// Waits until the backend's state satisfies `ok`, failing early when the
+/// tapdisk exits or writes an `error` key.
+pub async fn wait_backend(
+    xs: &Client,
+    vbd: &PluggedVbd,
+    timeout: Duration,
+    ok: impl Fn(XenbusState) -> bool,
+) -> Result<(), String> {
+    let be = &vbd.paths.backend;
+    let state_key = format!("{be}/state");
+    let mut w = xs
+        .watch(&state_key)
+        .await
+        .map_err(|e| format!("watching {state_key}: {e}"))?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let result = loop {
+        if let Some(st) = vbd.tapdisk.exit_status() {
+            break Err(format!(
+                "its tapdisk exited ({st}): {}",
+                log_tail(&vbd.log, 400)
+            ));
+        }
+        let state = match pvio_xenstore::xenbus::read_state(xs, be).await {
+            Ok(s) => s,
+            Err(e) => break Err(format!("reading {state_key}: {e}")),
+        };
+        if ok(state) {
+            break Ok(());
+        }
+        if let Ok(Some(err)) = xs.try_read(&format!("{be}/error")).await {
+            break Err(format!(
+                "the backend failed: {}",
+                String::from_utf8_lossy(&err)
+            ));
+        }
+        tokio::select! {
+            ev = w.next() => if ev.is_none() {
+                break Err("the xenstore connection was lost".into());
+            },
+            _ = vbd.tapdisk.wait() => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                break Err(format!("its backend did not become ready within {timeout:?}"));
+            }
+        }
+    };
+    let _ = w.unwatch().await;
+    result
+}
+
+/// Unplugs a VBD: asks the tapdisk to close (`online = 0`) and waits for it
+/// to go, or with `force` stops it at once; then detaches the VDI (the SR's
+/// delay) and removes both directories. Never fails: what cannot be done
+/// cleanly is done by force, and the reason is logged.
+pub async fn unplug(xs: &Client, vbd: &PluggedVbd, force: bool) {
+    let devid = vbd.spec.devid;
+    if vbd.tapdisk.exit_status().is_none() {
+        if force {
+            vbd.tapdisk.stop(TERM_GRACE).await;
+        } else {
+            let online = format!("{}/online", vbd.paths.backend);
+            if let Err(e) = xs.write(&online, "0").await {
+                tracing::warn!(devid, "writing {online}: {e}");
+            }
+            if vbd.tapdisk.wait_timeout(UNPLUG_TIMEOUT).await.is_none() {
+                tracing::warn!(devid, "the tapdisk did not close in time: stopping it");
+                vbd.tapdisk.stop(TERM_GRACE).await;
+            }
+        }
+    }
+    // SR.detach.
+    if !vbd.spec.attach_delay.is_zero() {
+        tokio::time::sleep(vbd.spec.attach_delay).await;
+    }
+    for p in [&vbd.paths.backend, &vbd.paths.frontend] {
+        if let Err(e) = xs_tree::rm_quiet(xs, p).await {
+            tracing::warn!(devid, "removing {p}: {e}");
+        }
+    }
+}

@@ -1,0 +1,485 @@
+//! One VM's lifecycle, like xenopsd's VM_start and VM_shutdown:
+//!
+//! * start: CPU cgroup, domain in hvd, xenstore home (with the
+//!   start-in-progress marker) and XS_INTRODUCE, every VBD plugged in
+//!   parallel (at most `max_parallel_per_vm` of this VM at once and
+//!   `worker_pool_size` host-wide), the guest process, then every frontend
+//!   connected; the marker is removed last.
+//! * teardown (shutdown, and the clean-up of a failed start): ask the guest
+//!   (`control/shutdown`), wait with a deadline, kill it; unplug every VBD
+//!   in parallel; destroy the domain; remove its xenstore nodes; remove its
+//!   cgroup. Teardown works from whatever exists, so a start that failed
+//!   anywhere leaves nothing behind.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pvio_abi::xenbus::XenbusState;
+use pvio_hv::HvClient;
+use pvio_xenstore::Client;
+use tokio::sync::Semaphore;
+
+use crate::cgroup::CpuGroup;
+use crate::process::{log_tail, Proc};
+use crate::spec::{VbdSpec, VmSpec, Workload};
+use crate::vbd::{self, PlugContext, PluggedVbd};
+use crate::xs_tree;
+use crate::{RunningVm, XenopsConfig, XenopsError};
+
+/// Most VBDs a VM may have (xvda..xvdiu).
+pub const MAX_VBDS: usize = 255;
+/// How long the frontends may take to connect once the guest runs.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where a VM is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Starting,
+    Running,
+    Stopping,
+}
+
+/// Connections to the hypervisor services, shared by every operation.
+#[derive(Clone)]
+pub struct Conn {
+    pub hv: Arc<HvClient>,
+    pub xs: Client,
+}
+
+/// A VM the engine owns, from the first step of its start to the last
+/// step of its teardown.
+pub struct Vm {
+    pub spec: VmSpec,
+    pub dir: PathBuf,
+    pub phase: Cell<Phase>,
+    /// An operation (start, shutdown, plug, unplug) is running.
+    pub busy: Cell<bool>,
+    pub domid: Cell<Option<u16>>,
+    pub per_vm: Arc<Semaphore>,
+    pub cgroup: RefCell<Option<CpuGroup>>,
+    pub vbds: RefCell<BTreeMap<u32, PluggedVbd>>,
+    pub guest: RefCell<Option<Proc>>,
+}
+
+impl Vm {
+    pub fn new(spec: VmSpec, cfg: &XenopsConfig) -> Self {
+        Self {
+            dir: cfg.state_dir.join("vms").join(&spec.uuid),
+            spec,
+            phase: Cell::new(Phase::Starting),
+            busy: Cell::new(true),
+            domid: Cell::new(None),
+            per_vm: Arc::new(Semaphore::new(cfg.max_parallel_per_vm.max(1))),
+            cgroup: RefCell::new(None),
+            vbds: RefCell::new(BTreeMap::new()),
+            guest: RefCell::new(None),
+        }
+    }
+
+    pub fn running(&self) -> Option<RunningVm> {
+        Some(RunningVm {
+            uuid: self.spec.uuid.clone(),
+            domid: self.domid.get()?,
+            guest_pid: self.guest.borrow().as_ref()?.pid(),
+            vbds: self.vbds.borrow().keys().copied().collect(),
+        })
+    }
+
+    fn vbd_error(&self, devid: u32, reason: impl Into<String>) -> XenopsError {
+        XenopsError::Vbd {
+            vm: self.spec.name.clone(),
+            devid,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Checks a spec before anything is created.
+pub fn validate(spec: &VmSpec) -> Result<(), XenopsError> {
+    let bad = |reason: String| XenopsError::Invalid(reason);
+    if spec.uuid.is_empty()
+        || !spec
+            .uuid
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
+        return Err(bad(format!("bad VM uuid {:?}", spec.uuid)));
+    }
+    if spec.vbds.len() > MAX_VBDS {
+        return Err(bad(format!(
+            "{} VBDs: a VM has at most {MAX_VBDS}",
+            spec.vbds.len()
+        )));
+    }
+    if spec.memory_mib == 0 || spec.memory_mib > 1 << 20 {
+        return Err(bad(format!("memory of {} MiB", spec.memory_mib)));
+    }
+    let mut seen = HashSet::new();
+    for v in &spec.vbds {
+        if !seen.insert(v.devid) {
+            return Err(bad(format!("device id {} is used twice", v.devid)));
+        }
+    }
+    if !matches!(spec.workload, Workload::Idle) && spec.vbds.is_empty() {
+        return Err(bad(format!(
+            "workload {} needs a disk and the VM has none",
+            spec.workload
+        )));
+    }
+    Ok(())
+}
+
+/// The engine-wide context an operation needs.
+#[derive(Clone)]
+pub struct Ctx {
+    pub cfg: Arc<XenopsConfig>,
+    pub pool: Arc<Semaphore>,
+    pub conn: Conn,
+}
+
+/// Runs the start steps. On error the caller runs [`teardown`].
+pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
+    let spec = &vm.spec;
+    std::fs::create_dir_all(&vm.dir)?;
+    if let Some(dp) = &ctx.cfg.datapath_cgroup {
+        let g = dp
+            .child(&spec.uuid, crate::cgroup::DATAPATH_SHARES)
+            .map_err(|e| {
+                XenopsError::Io(std::io::Error::new(
+                    e.kind(),
+                    format!("creating the VM's cgroup: {e}"),
+                ))
+            })?;
+        *vm.cgroup.borrow_mut() = Some(g);
+    }
+    let frames = spec.memory_mib * 256;
+    let d = ctx.conn.hv.create_domain(&spec.name, frames)?;
+    vm.domid.set(Some(d.domid));
+    tracing::info!(vm = %spec.name, domid = d.domid, vbds = spec.vbds.len(), "starting");
+    let xs = &ctx.conn.xs;
+    xs_tree::write_domain(xs, d.domid, spec).await?;
+    xs.introduce(
+        d.domid,
+        u64::from(pvio_hv::memory::STORE_FRAME),
+        d.store_port,
+    )
+    .await?;
+    plug_all(ctx, vm, spec.vbds.clone()).await?;
+    let guest = spawn_guest(ctx, vm, d.domid, d.token)?;
+    *vm.guest.borrow_mut() = Some(guest.clone());
+    wait_frontends(xs, vm, &guest).await?;
+    // The domain is survivable now.
+    xs.rm(&xs_tree::action_request(d.domid)).await?;
+    vm.phase.set(Phase::Running);
+    vm.running().ok_or_else(|| XenopsError::Guest {
+        vm: spec.name.clone(),
+        reason: "the guest went away during the start".into(),
+    })
+}
+
+/// Plugs VBDs in parallel; waits for all of them (siblings of a failed plug
+/// are not cancelled, as in xenopsd) and returns the first error. Every
+/// started tapdisk is recorded in the VM, failed or not, for teardown.
+pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(), XenopsError> {
+    let Some(domid) = vm.domid.get() else {
+        return Err(XenopsError::NotRunning(vm.spec.name.clone()));
+    };
+    let plugs = specs.into_iter().map(|spec| {
+        let vm = vm.clone();
+        let per_vm = vm.per_vm.clone();
+        let pool = ctx.pool.clone();
+        let (cfg, xs) = (ctx.cfg.clone(), ctx.conn.xs.clone());
+        async move {
+            // This VM's limit first, so a VM waiting on its own limit never
+            // holds a host-wide worker.
+            let _vm_slot = per_vm.acquire_owned().await.ok();
+            let _worker = pool.acquire_owned().await.ok();
+            let cgroup = vm.cgroup.borrow().clone();
+            let pctx = PlugContext {
+                xs: &xs,
+                pvio_bin: &cfg.pvio_bin,
+                hvd_socket: &cfg.hvd_socket,
+                xenstore_socket: &cfg.xenstore_socket,
+                dir: &vm.dir,
+                cgroup: cgroup.as_ref(),
+                domid,
+            };
+            let devid = spec.devid;
+            match vbd::plug(&pctx, &spec).await {
+                Ok(p) => {
+                    vm.vbds.borrow_mut().insert(devid, p);
+                    Ok(())
+                }
+                Err(e) => {
+                    if let Some(p) = e.started {
+                        vm.vbds.borrow_mut().insert(devid, p);
+                    }
+                    Err(vm.vbd_error(devid, e.reason))
+                }
+            }
+        }
+    });
+    let results = join_all_local(plugs).await;
+    results
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()
+        .map(drop)
+}
+
+/// Runs futures concurrently on this thread and returns their results in
+/// order.
+async fn join_all_local<F, T>(futs: impl IntoIterator<Item = F>) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + 'static,
+    T: 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for (i, f) in futs.into_iter().enumerate() {
+        set.spawn_local(async move { (i, f.await) });
+    }
+    let mut out = Vec::with_capacity(set.len());
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(v) => out.push(v),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    out.sort_by_key(|(i, _)| *i);
+    out.into_iter().map(|(_, v)| v).collect()
+}
+
+fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, XenopsError> {
+    let mut cmd = tokio::process::Command::new(&ctx.cfg.pvio_bin);
+    cmd.arg("guest")
+        .arg("--hvd-socket")
+        .arg(&ctx.cfg.hvd_socket)
+        .arg("--xenstore-socket")
+        .arg(&ctx.cfg.xenstore_socket)
+        .arg("--domid")
+        .arg(domid.to_string())
+        .arg("--token")
+        .arg(token.to_string())
+        .arg("--stay")
+        .arg("--json")
+        .env(
+            "PVIO_LOG",
+            std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    match &vm.spec.workload {
+        Workload::Idle => cmd.arg("--idle"),
+        Workload::Job(s) => cmd.arg("--job").arg(s),
+        Workload::BootRead(m) => cmd.arg("--boot-read").arg(m.to_string()),
+        Workload::Nbd(p) => cmd.arg("--nbd").arg(p),
+    };
+    let cgroup = vm.cgroup.borrow().clone();
+    Proc::spawn(cmd, &vm.dir.join("guest.log"), cgroup.as_ref()).map_err(|e| XenopsError::Guest {
+        vm: vm.spec.name.clone(),
+        reason: format!("cannot start the guest process: {e}"),
+    })
+}
+
+/// Waits until every plugged VBD's backend is Connected, failing early when
+/// the guest or a tapdisk exits.
+pub async fn wait_frontends(xs: &Client, vm: &Vm, guest: &Proc) -> Result<(), XenopsError> {
+    let Some(domid) = vm.domid.get() else {
+        return Err(XenopsError::NotRunning(vm.spec.name.clone()));
+    };
+    let devids: Vec<u32> = vm.vbds.borrow().keys().copied().collect();
+    wait_connected(xs, vm, domid, &devids, Some(guest), CONNECT_TIMEOUT).await
+}
+
+/// Waits until the backends of `devids` are Connected.
+pub async fn wait_connected(
+    xs: &Client,
+    vm: &Vm,
+    domid: u16,
+    devids: &[u32],
+    guest: Option<&Proc>,
+    timeout: Duration,
+) -> Result<(), XenopsError> {
+    let mut pending: HashSet<u32> = devids.iter().copied().collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let dir = xs_tree::vbd_backends(domid);
+    // One watch on the whole backend directory; each event names the node.
+    let mut w = xs.watch(&dir).await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut check: Vec<u32> = pending.iter().copied().collect();
+    let result = loop {
+        if let Some(g) = guest {
+            if let Some(st) = g.exit_status() {
+                break Err(XenopsError::Guest {
+                    vm: vm.spec.name.clone(),
+                    reason: format!(
+                        "the guest exited ({st}) before its disks connected: {}",
+                        log_tail(&vm.dir.join("guest.log"), 600)
+                    ),
+                });
+            }
+        }
+        let mut failed = None;
+        for devid in check.drain(..) {
+            let Some(v) = vm.vbds.borrow().get(&devid).cloned() else {
+                continue;
+            };
+            if let Some(st) = v.tapdisk.exit_status() {
+                failed = Some(vm.vbd_error(
+                    devid,
+                    format!("its tapdisk exited ({st}): {}", log_tail(&v.log, 400)),
+                ));
+                break;
+            }
+            let s = pvio_xenstore::xenbus::read_state(xs, &v.paths.backend).await?;
+            if s == XenbusState::Connected {
+                pending.remove(&devid);
+            } else if s >= XenbusState::Closing {
+                let err = xs
+                    .try_read(&format!("{}/error", v.paths.backend))
+                    .await?
+                    .map(|e| String::from_utf8_lossy(&e).into_owned());
+                failed = Some(vm.vbd_error(
+                    devid,
+                    format!(
+                        "the backend closed ({s}) instead of connecting{}",
+                        err.map(|e| format!(": {e}")).unwrap_or_default()
+                    ),
+                ));
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            break Err(e);
+        }
+        if pending.is_empty() {
+            break Ok(());
+        }
+        let guest_exit = async {
+            match guest {
+                Some(g) => {
+                    g.wait().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            ev = w.next() => match ev {
+                None => break Err(XenopsError::Xenstore(pvio_xenstore::Error::Closed)),
+                Some(ev) => {
+                    // .../backend/vbd/<domid>/<devid>/state
+                    let devid = ev
+                        .path
+                        .strip_prefix(&dir)
+                        .and_then(|r| r.trim_start_matches('/').split('/').next())
+                        .and_then(|d| d.parse::<u32>().ok());
+                    match devid {
+                        Some(d) if pending.contains(&d) => check.push(d),
+                        Some(_) => {}
+                        None => check.extend(pending.iter().copied()),
+                    }
+                }
+            },
+            _ = guest_exit => {}
+            _ = tokio::time::sleep_until(deadline) => {
+                let mut left: Vec<u32> = pending.iter().copied().collect();
+                left.sort_unstable();
+                break Err(XenopsError::Timeout(format!(
+                    "disks {left:?} of VM {} did not connect within {timeout:?}",
+                    vm.spec.name
+                )));
+            }
+        }
+    };
+    let _ = w.unwatch().await;
+    result
+}
+
+/// Unplugs VBDs in parallel (with the same limits as plugging).
+pub async fn unplug_all(ctx: &Ctx, vm: &Rc<Vm>, devids: Vec<u32>, force: bool) {
+    let unplugs = devids.into_iter().filter_map(|devid| {
+        let v = vm.vbds.borrow().get(&devid).cloned()?;
+        let per_vm = vm.per_vm.clone();
+        let pool = ctx.pool.clone();
+        let xs = ctx.conn.xs.clone();
+        let vm = vm.clone();
+        Some(async move {
+            let _vm_slot = per_vm.acquire_owned().await.ok();
+            let _worker = pool.acquire_owned().await.ok();
+            vbd::unplug(&xs, &v, force).await;
+            vm.vbds.borrow_mut().remove(&devid);
+        })
+    });
+    join_all_local(unplugs).await;
+}
+
+/// Takes everything down that exists. With `ask`, the guest is asked to shut
+/// down and gets `cfg.shutdown_timeout`; otherwise (or after that) it is
+/// killed. Never fails; problems are logged.
+pub async fn teardown(ctx: &Ctx, vm: &Rc<Vm>, ask: bool) {
+    vm.phase.set(Phase::Stopping);
+    let name = &vm.spec.name;
+    let xs = &ctx.conn.xs;
+    let guest = vm.guest.borrow().clone();
+    let mut clean = false;
+    if let Some(g) = &guest {
+        if g.exit_status().is_none() && ask {
+            if let Some(domid) = vm.domid.get() {
+                let key = format!("{}/control/shutdown", xs_tree::home(domid));
+                match xs.write(&key, "poweroff").await {
+                    Ok(()) => {
+                        if let Some(st) = g.wait_timeout(ctx.cfg.shutdown_timeout).await {
+                            clean = st.success();
+                        } else {
+                            tracing::warn!(vm = %name, "the guest did not shut down in time: killing it");
+                        }
+                    }
+                    Err(e) => tracing::warn!(vm = %name, "asking the guest to shut down: {e}"),
+                }
+            }
+        }
+        if g.exit_status().is_none() {
+            g.kill().await;
+        }
+    }
+    // A guest that shut down cleanly closed its disks: the tapdisks go when
+    // told. Otherwise they are stopped.
+    let devids: Vec<u32> = vm.vbds.borrow().keys().copied().collect();
+    unplug_all(ctx, vm, devids, !clean).await;
+    if let Some(domid) = vm.domid.get() {
+        if let Err(e) = ctx.conn.hv.destroy_domain(domid) {
+            // A claimed domain dies with its guest process.
+            tracing::debug!(domid, "destroy: {e}");
+        }
+        if let Err(e) = xs.release(domid).await {
+            tracing::debug!(domid, "release: {e}");
+        }
+        if let Err(e) = xs_tree::remove_domain(xs, domid, &vm.spec.uuid).await {
+            tracing::warn!(vm = %name, "removing the domain's xenstore nodes: {e}");
+        }
+    }
+    let cgroup = vm.cgroup.borrow_mut().take();
+    if let Some(g) = cgroup {
+        remove_cgroup(&g).await;
+    }
+    tracing::info!(vm = %name, clean, "stopped");
+}
+
+/// Removes a VM's cgroup once its last process has left (exiting processes
+/// leave it a moment after they are reaped).
+async fn remove_cgroup(g: &CpuGroup) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match g.remove() {
+            Ok(()) => return,
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                tracing::warn!("removing cgroup {}: {e}", g.path().display());
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}

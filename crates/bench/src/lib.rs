@@ -6,8 +6,11 @@
 //! protocol or a policy of its own, it only drives the crates below it.
 
 pub mod blk;
+pub mod bootstorm;
 pub mod host;
+pub mod plug;
 pub mod procs;
 pub mod report;
 pub mod ring;
+pub mod vmhost;
 pub mod xenstore;

@@ -23,6 +23,11 @@ impl ScratchDir {
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
+        // PVIO_BENCH_KEEP=1 keeps the logs of a run for a post-mortem.
+        if std::env::var_os("PVIO_BENCH_KEEP").is_some() {
+            eprintln!("kept {}", self.0.display());
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

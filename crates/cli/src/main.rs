@@ -5,7 +5,7 @@
 
 mod cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// pvio: a userspace paravirtual I/O host with Xen's wire formats.
 #[derive(Parser, Debug)]
@@ -21,6 +21,9 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run a host: hvd, xenstored and toolstackd under one supervisor.
+    #[command(subcommand)]
+    Host(cmd::host::HostCommand),
     /// Run the hypervisor services daemon (domains, grant tables, event channels).
     Hvd(cmd::hvd::Args),
     /// List a domain's event-channel ports, like Xen's lsevtchn.
@@ -31,6 +34,8 @@ enum Command {
     Tapdisk(cmd::tapdisk::Args),
     /// Run a guest domain: frontends for its disks and one workload.
     Guest(pvio_guest::domain::GuestArgs),
+    /// Run the toolstack daemon (VM/SR/VDI/VBD/VIF objects, lifecycles, JSON-RPC).
+    Toolstackd(cmd::toolstack::DaemonArgs),
     /// Run a benchmark that compares pvio with its baseline in the same run.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCommand),
@@ -40,14 +45,26 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // The xe-style commands (vm-list, vdi-create, ...) are registered from
+    // the toolstack's own table and take their key=value words unparsed.
+    let matches = Cli::command()
+        .subcommands(cmd::toolstack::xe_subcommands())
+        .get_matches();
+    if let Some((name, sub)) = matches.subcommand() {
+        if let Some(code) = cmd::toolstack::run_xe(name, sub) {
+            return code;
+        }
+    }
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     cmd::init_logging();
     let result = match cli.command {
+        Command::Host(h) => cmd::host::run(h),
         Command::Hvd(a) => cmd::hvd::run(a),
         Command::Lsevtchn(a) => cmd::lsevtchn::run(a),
         Command::Xenstored(a) => cmd::xenstored::run(a),
         Command::Tapdisk(a) => cmd::tapdisk::run(a),
         Command::Guest(a) => pvio_guest::domain::run(a),
+        Command::Toolstackd(a) => cmd::toolstack::run_daemon(a),
         Command::Bench(b) => cmd::bench::run(b),
         Command::Internal(i) => cmd::internal::run(i),
     };

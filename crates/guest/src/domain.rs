@@ -75,8 +75,9 @@ pub struct GuestArgs {
     /// Export read-only.
     #[arg(long)]
     pub nbd_read_only: bool,
-    /// Boot simulation: read this many MiB from the first disk, then write
-    /// data/ready = 1 in the domain's xenstore home.
+    /// Boot simulation: read this many MiB from the first disk (128 KiB
+    /// requests, 8 in flight, as an OS's readahead does while it boots),
+    /// then write data/ready = 1 in the domain's xenstore home.
     #[arg(long)]
     pub boot_read: Option<u32>,
     /// Connect the disks and wait for SIGTERM.
@@ -164,9 +165,11 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         bail!("domain {domid} has no virtual disk (nothing under device/vbd)");
     }
     let numjobs = spec.as_ref().map_or(1, |s| s.numjobs);
-    let (iodepth, bs) = spec
-        .as_ref()
-        .map_or((32, 1 << 20), |s| (s.iodepth as usize, s.bs.0 as usize));
+    let (iodepth, bs) = match (&spec, args.boot_read) {
+        (Some(s), _) => (s.iodepth as usize, s.bs.0 as usize),
+        (None, Some(_)) => (BOOT_READ_DEPTH, BOOT_READ_BYTES),
+        (None, None) => (32, 1 << 20),
+    };
     let mut cfg = FrontendConfig::new(0);
     cfg.ring_order = args.ring_order;
     cfg.poll = match args.polling.as_str() {
@@ -183,7 +186,9 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
         let n = devids.len() as u32;
         (numjobs / n) + u32::from((i as u32) < numjobs % n)
     };
-    let stop = Arc::new(tokio::sync::Notify::new());
+    // Disks close when this turns true (a watch, not a Notify: a supervisor
+    // that has not started waiting yet must still see it).
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let mut connecting = tokio::task::JoinSet::new();
     for (i, devid) in devids.iter().enumerate() {
         let mut cfg = cfg.clone();
@@ -215,9 +220,12 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
     let mut supervisors = Vec::new();
     let mut all_queues: Vec<Vec<BlkQueue>> = Vec::new();
     for (_, blk, queues) in connected {
-        let s = stop.clone();
+        let mut s = stop.clone();
         supervisors.push(tokio::task::spawn_local(async move {
-            if let Err(e) = blk.supervise(async move { s.notified().await }).await {
+            let stopped = async move {
+                let _ = s.wait_for(|v| *v).await;
+            };
+            if let Err(e) = blk.supervise(stopped).await {
                 tracing::warn!("disk supervisor: {e}");
             }
         }));
@@ -247,7 +255,7 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
     if result.is_ok() && args.stay {
         shutdown.wait().await;
     }
-    stop.notify_waiters();
+    stop_tx.send_replace(true);
     for s in supervisors {
         let _ = tokio::time::timeout(Duration::from_secs(15), s).await;
     }
@@ -264,7 +272,7 @@ async fn hotplug(
     mut cfg: FrontendConfig,
     domid: u16,
     mut known: std::collections::HashSet<u32>,
-    stop: Arc<tokio::sync::Notify>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let dir = format!("/local/domain/{domid}/device/vbd");
     let mut w = match xs.watch(&dir).await {
@@ -284,19 +292,29 @@ async fn hotplug(
         };
         known.retain(|d| now.contains(d));
         for devid in now {
-            if !known.insert(devid) {
+            if known.contains(&devid) {
                 continue;
             }
+            // The toolstack creates the directory before its keys: wait
+            // for them (the next event).
+            let backend = format!("{dir}/{devid}/backend");
+            if !matches!(xs.exists(&backend).await, Ok(true)) {
+                continue;
+            }
+            known.insert(devid);
             cfg.devid = devid;
             cfg.queues = 1;
             cfg.buffers = 1;
             cfg.buffer_size = 4096;
-            let (res, xs, cfg, stop) = (res.clone(), xs.clone(), cfg.clone(), stop.clone());
+            let (res, xs, cfg, mut stop) = (res.clone(), xs.clone(), cfg.clone(), stop.clone());
             tokio::task::spawn_local(async move {
                 match front::connect(res, xs, &cfg).await {
                     Ok((blk, _queues)) => {
                         tracing::info!(devid, "hot-plugged disk connected");
-                        if let Err(e) = blk.supervise(async move { stop.notified().await }).await {
+                        let stopped = async move {
+                            let _ = stop.wait_for(|v| *v).await;
+                        };
+                        if let Err(e) = blk.supervise(stopped).await {
                             tracing::warn!(devid, "disk supervisor: {e}");
                         }
                     }
@@ -534,6 +552,11 @@ async fn workload(
     shutdown.wait().await;
     Ok(())
 }
+
+/// Request size of the boot read (Linux's default readahead).
+const BOOT_READ_BYTES: usize = 128 << 10;
+/// Requests the boot read keeps in flight.
+const BOOT_READ_DEPTH: usize = 8;
 
 /// Reads `bytes` from the start of the disk in buffer-sized requests, with
 /// every buffer in flight.

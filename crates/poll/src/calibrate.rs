@@ -71,6 +71,23 @@ pub fn wake_cost_ns(rounds: usize) -> std::io::Result<u64> {
         .map_err(|_| std::io::Error::other("calibration thread panicked"))?
 }
 
+/// The environment variable through which a toolstack hands the wake-up
+/// cost it measured once to every backend and guest it starts, so a host
+/// starting hundreds of disks does not calibrate hundreds of times.
+pub const WAKE_COST_ENV: &str = "PVIO_WAKE_COST_NS";
+
+/// [`WAKE_COST_ENV`] if it holds a number of nanoseconds, else a fresh
+/// [`wake_cost_ns`] measurement.
+pub fn host_wake_cost_ns(rounds: usize) -> std::io::Result<u64> {
+    match std::env::var(WAKE_COST_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        Some(ns) if ns > 0 => Ok(ns),
+        _ => wake_cost_ns(rounds),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

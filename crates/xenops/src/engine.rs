@@ -161,7 +161,17 @@ impl Engine {
         }
         let hv = Arc::new(pvio_hv::HvClient::connect_host(&self.cfg.hvd_socket)?);
         let xs = pvio_xenstore::Client::connect(&self.cfg.xenstore_socket).await?;
-        let conn = Conn { hv, xs };
+        let wake_cost_ns =
+            tokio::task::spawn_blocking(|| pvio_poll::calibrate::host_wake_cost_ns(60))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        tracing::info!(?wake_cost_ns, "connected to hvd and xenstored");
+        let conn = Conn {
+            hv,
+            xs,
+            wake_cost_ns,
+        };
         *c = Some(conn.clone());
         Ok(conn)
     }
@@ -208,7 +218,7 @@ impl Engine {
         let t0 = std::time::Instant::now();
         match vm::start(&ctx, &vm).await {
             Ok(r) => {
-                tracing::info!(vm = %vm.spec.name, domid = r.domid, secs = t0.elapsed().as_secs_f64(), "started");
+                tracing::debug!(vm = %vm.spec.name, domid = r.domid, secs = t0.elapsed().as_secs_f64(), "start done");
                 vm.busy.set(false);
                 self.watch_guest(vm);
                 Ok(r)

@@ -39,6 +39,8 @@ pub struct PlugContext<'a> {
     pub dir: &'a std::path::Path,
     pub cgroup: Option<&'a CpuGroup>,
     pub domid: u16,
+    /// Handed to the tapdisk as `PVIO_WAKE_COST_NS`.
+    pub wake_cost_ns: Option<u64>,
 }
 
 /// Why a plug failed. `started` is the tapdisk if one was started (the
@@ -85,6 +87,9 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
             "PVIO_LOG",
             std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
         );
+    if let Some(ns) = ctx.wake_cost_ns {
+        cmd.env(pvio_poll::calibrate::WAKE_COST_ENV, ns.to_string());
+    }
     let tapdisk = Proc::spawn(cmd, &log, ctx.cgroup)
         .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
     let plugged = PluggedVbd {

@@ -48,6 +48,9 @@ pub enum Phase {
 pub struct Conn {
     pub hv: Arc<HvClient>,
     pub xs: Client,
+    /// This host's wake-up cost, measured once and handed to every tapdisk
+    /// and guest (`PVIO_WAKE_COST_NS`) so they need not calibrate.
+    pub wake_cost_ns: Option<u64>,
 }
 
 /// A VM the engine owns, from the first step of its start to the last
@@ -157,9 +160,9 @@ pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
         *vm.cgroup.borrow_mut() = Some(g);
     }
     let frames = spec.memory_mib * 256;
+    let t0 = std::time::Instant::now();
     let d = ctx.conn.hv.create_domain(&spec.name, frames)?;
     vm.domid.set(Some(d.domid));
-    tracing::info!(vm = %spec.name, domid = d.domid, vbds = spec.vbds.len(), "starting");
     let xs = &ctx.conn.xs;
     xs_tree::write_domain(xs, d.domid, spec).await?;
     xs.introduce(
@@ -168,12 +171,25 @@ pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
         d.store_port,
     )
     .await?;
+    let t_domain = t0.elapsed();
     plug_all(ctx, vm, spec.vbds.clone()).await?;
+    let t_plug = t0.elapsed();
     let guest = spawn_guest(ctx, vm, d.domid, d.token)?;
     *vm.guest.borrow_mut() = Some(guest.clone());
     wait_frontends(xs, vm, &guest).await?;
+    let t_connect = t0.elapsed();
     // The domain is survivable now.
     xs.rm(&xs_tree::action_request(d.domid)).await?;
+    // xenopsd logs its atoms' durations; so do we, per phase.
+    tracing::info!(
+        vm = %spec.name,
+        domid = d.domid,
+        vbds = spec.vbds.len(),
+        domain_ms = t_domain.as_millis() as u64,
+        plug_ms = (t_plug - t_domain).as_millis() as u64,
+        guest_ms = (t_connect - t_plug).as_millis() as u64,
+        "started"
+    );
     vm.phase.set(Phase::Running);
     vm.running().ok_or_else(|| XenopsError::Guest {
         vm: spec.name.clone(),
@@ -192,7 +208,7 @@ pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(),
         let vm = vm.clone();
         let per_vm = vm.per_vm.clone();
         let pool = ctx.pool.clone();
-        let (cfg, xs) = (ctx.cfg.clone(), ctx.conn.xs.clone());
+        let (cfg, xs, ctx) = (ctx.cfg.clone(), ctx.conn.xs.clone(), ctx.clone());
         async move {
             // This VM's limit first, so a VM waiting on its own limit never
             // holds a host-wide worker.
@@ -207,6 +223,7 @@ pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(),
                 dir: &vm.dir,
                 cgroup: cgroup.as_ref(),
                 domid,
+                wake_cost_ns: ctx.conn.wake_cost_ns,
             };
             let devid = spec.devid;
             match vbd::plug(&pctx, &spec).await {
@@ -269,6 +286,9 @@ fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, Xenop
             "PVIO_LOG",
             std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
         );
+    if let Some(ns) = ctx.conn.wake_cost_ns {
+        cmd.env(pvio_poll::calibrate::WAKE_COST_ENV, ns.to_string());
+    }
     match &vm.spec.workload {
         Workload::Idle => cmd.arg("--idle"),
         Workload::Job(s) => cmd.arg("--job").arg(s),

@@ -76,6 +76,14 @@ pub async fn write_domain(
     ])
     .expect("two entries");
     let owned = Perms::owned_by(domid);
+    // The top directories first, outside the transaction: creating a child
+    // changes its parent, so concurrent transactions creating siblings
+    // (domains started in parallel) would conflict and retry. Inside, the
+    // transaction only touches this domain's own subtrees. They inherit
+    // dom0-only permissions until the transaction sets the real ones.
+    for d in [&home, &vm, &be] {
+        xs.mkdir(d).await?;
+    }
     xs.transaction(async |t| {
         for (k, v) in &dom0_only {
             t.write(k, v).await?;
@@ -91,7 +99,6 @@ pub async fn write_domain(
             t.mkdir(d).await?;
             t.set_perms(d, &owned).await?;
         }
-        t.mkdir(&be).await?;
         Ok(())
     })
     .await
@@ -192,6 +199,12 @@ pub async fn write_vbd(
         Perm::new(Access::Read, domid),
     ])
     .expect("two entries");
+    // Both directories first, outside the transaction (see write_domain):
+    // disks plugged in parallel would otherwise conflict on their parents.
+    // An empty frontend directory has no `backend` key yet; a frontend
+    // waits for it.
+    xs.mkdir(&p.backend).await?;
+    xs.mkdir(&p.frontend).await?;
     xs.transaction(async |t| {
         for (k, v) in &fe_keys {
             t.write(&format!("{}/{k}", p.frontend), v).await?;

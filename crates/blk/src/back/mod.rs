@@ -192,7 +192,8 @@ async fn run_async(cfg: TapdiskConfig) -> Result<(), BackendError> {
     }
     if let PollPolicy::Adaptive(ref mut a) = poll {
         // Learn what a wake-up costs on this host: that is what polling saves.
-        let measured = tokio::task::spawn_blocking(|| pvio_poll::calibrate::wake_cost_ns(40)).await;
+        let measured =
+            tokio::task::spawn_blocking(|| pvio_poll::calibrate::host_wake_cost_ns(40)).await;
         if let Ok(Ok(ns)) = measured {
             a.wake_cost_ns = ns.clamp(2_000, 200_000);
         }

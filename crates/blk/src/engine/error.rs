@@ -43,9 +43,6 @@ pub enum EngineError {
     /// A request over the size limit.
     #[error("request larger than {max} bytes")]
     TooLarge { max: usize },
-    /// No more fixed-buffer slots.
-    #[error("all {max} registered-memory slots are used")]
-    TooManyRegions { max: usize },
     /// The engine was shut down.
     #[error("the I/O engine is shut down")]
     ShutDown,

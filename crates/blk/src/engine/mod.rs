@@ -234,8 +234,9 @@ pub trait Engine: Send {
     fn remove_file(&mut self, id: FileId) -> Result<(), EngineError>;
 
     /// Registers memory that requests' buffers will lie in, so I/O into it
-    /// can avoid per-request page pinning (io_uring fixed buffers, split
-    /// into pieces of at most 1 GiB). The engine keeps `region` alive until
+    /// can avoid per-request page pinning (io_uring fixed buffers, registered
+    /// a chunk at a time as requests first touch them, so memory no request
+    /// uses is never pinned). The engine keeps `region` alive until
     /// it is dropped. Optional: buffers outside registered memory work too,
     /// and after an error here I/O into `region` still works, unregistered.
     fn register_memory(&mut self, region: Arc<dyn MemoryRegion>) -> Result<(), EngineError>;

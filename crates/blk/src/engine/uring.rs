@@ -6,11 +6,15 @@
 //!   a slab; the slot owns the iovec array and remembers the caller's tag,
 //!   file and expected length until the CQE arrives.
 //! * Memory registered with [`Engine::register_memory`] becomes fixed
-//!   buffers (a sparse table filled with `IORING_REGISTER_BUFFERS_UPDATE`,
-//!   pieces of at most 1 GiB, io_uring's limit per buffer). A request whose
-//!   buffers all lie in one piece uses `READ_FIXED`/`WRITE_FIXED` (one
-//!   buffer) or `READV_FIXED`/`WRITEV_FIXED` (several, Linux 6.15+);
-//!   anything else uses `READV`/`WRITEV`.
+//!   buffers lazily, one [`FIXED_CHUNK`] at a time when a request first
+//!   uses it (a sparse table filled with `IORING_REGISTER_BUFFERS_UPDATE`).
+//!   Registering pins, and so populates, every page of a buffer: pinning a
+//!   whole guest's memory up front would allocate and clear all of it (a
+//!   bootstorm spent a third of its CPU doing that), while a guest's I/O
+//!   buffers are a few megabytes. A request whose buffers all lie in one
+//!   chunk uses `READ_FIXED`/`WRITE_FIXED` (one buffer) or
+//!   `READV_FIXED`/`WRITEV_FIXED` (several, Linux 6.15+); anything else uses
+//!   `READV`/`WRITEV`.
 //! * Completions raise an eventfd registered with `IORING_REGISTER_EVENTFD`.
 //! * Shutdown submits one `ASYNC_CANCEL` matching everything, then waits for
 //!   every CQE before the slab, the files or the registered memory are
@@ -35,10 +39,11 @@ use super::{
     MemoryRegion,
 };
 
-/// Largest single registered buffer io_uring accepts.
-pub const MAX_FIXED_BUFFER: usize = 1 << 30;
-/// Slots in the fixed-buffer table (so up to 64 GiB of registered memory).
-pub const FIXED_BUFFER_SLOTS: u32 = 64;
+/// The unit of lazy registration (aligned to the start of its region).
+pub const FIXED_CHUNK: usize = 8 << 20;
+/// Slots in the fixed-buffer table (so up to 8 GiB of touched memory; I/O
+/// beyond works unregistered).
+pub const FIXED_BUFFER_SLOTS: u32 = 1024;
 /// `user_data` of the shutdown cancel request (slot indices are smaller).
 const CANCEL_USER_DATA: u64 = u64::MAX;
 /// How long shutdown waits between complaints about stuck requests.
@@ -54,12 +59,11 @@ struct Op {
     _iov: Vec<libc::iovec>,
 }
 
-/// One registered piece of memory.
-#[derive(Debug, Clone, Copy)]
-struct FixedPiece {
+/// Memory whose chunks may be registered.
+struct Region {
     start: usize,
     len: usize,
-    index: u16,
+    _keep: Arc<dyn MemoryRegion>,
 }
 
 /// The io_uring engine.
@@ -73,8 +77,9 @@ pub struct UringEngine {
     /// Reused by `reap` to copy CQEs out of the ring.
     cqe_scratch: Vec<(u64, i32)>,
     files: FileTable,
-    pieces: Vec<FixedPiece>,
-    regions: Vec<Arc<dyn MemoryRegion>>,
+    regions: Vec<Region>,
+    /// Registered chunks: start address → fixed-buffer index.
+    chunks: std::collections::HashMap<usize, u16>,
     fixed_slots: u32,
     vectored_fixed: bool,
     capacity: usize,
@@ -95,7 +100,7 @@ impl std::fmt::Debug for UringEngine {
         f.debug_struct("UringEngine")
             .field("capacity", &self.capacity)
             .field("in_flight", &self.in_flight)
-            .field("fixed_pieces", &self.pieces.len())
+            .field("fixed_chunks", &self.chunks.len())
             .field("vectored_fixed", &self.vectored_fixed)
             .field("stats", &self.stats)
             .finish()
@@ -161,8 +166,8 @@ impl UringEngine {
             free_slots: Vec::new(),
             cqe_scratch: Vec::new(),
             files: FileTable::default(),
-            pieces: Vec::new(),
             regions: Vec::new(),
+            chunks: std::collections::HashMap::new(),
             fixed_slots,
             vectored_fixed,
             capacity: capacity as usize,
@@ -178,17 +183,50 @@ impl UringEngine {
         self.vectored_fixed
     }
 
-    /// The registered piece that holds every buffer, if one does.
-    fn fixed_piece(&self, iov: &[libc::iovec]) -> Option<u16> {
-        let first = iov.first()?;
-        let inside = |p: &FixedPiece, v: &libc::iovec| {
+    /// The fixed buffer that holds every buffer, registering its chunk on
+    /// first use; `None` when the buffers are outside registered memory,
+    /// span chunks, or the table is full.
+    fn fixed_piece(&mut self, iov: &[libc::iovec]) -> Option<u16> {
+        let first = iov.first()?.iov_base as usize;
+        let r = self
+            .regions
+            .iter()
+            .find(|r| first >= r.start && first < r.start + r.len)?;
+        let cstart = r.start + (first - r.start) / FIXED_CHUNK * FIXED_CHUNK;
+        let clen = FIXED_CHUNK.min(r.start + r.len - cstart);
+        let inside = |v: &libc::iovec| {
             let a = v.iov_base as usize;
-            a >= p.start
-                && a.checked_add(v.iov_len)
-                    .is_some_and(|e| e <= p.start + p.len)
+            a >= cstart && a.checked_add(v.iov_len).is_some_and(|e| e <= cstart + clen)
         };
-        let piece = self.pieces.iter().find(|p| inside(p, first))?;
-        iov.iter().all(|v| inside(piece, v)).then_some(piece.index)
+        if !iov.iter().all(inside) {
+            return None;
+        }
+        if let Some(&idx) = self.chunks.get(&cstart) {
+            return Some(idx);
+        }
+        let idx = self.chunks.len() as u32;
+        if idx >= self.fixed_slots {
+            return None;
+        }
+        let v = [libc::iovec {
+            iov_base: cstart as *mut libc::c_void,
+            iov_len: clen,
+        }];
+        // SAFETY: the chunk lies inside a region the engine keeps alive (its
+        // Arc is in `regions`) until it is dropped, after the ring.
+        let r = unsafe { self.ring.submitter().register_buffers_update(idx, &v, None) };
+        match r {
+            Ok(_) => {
+                self.chunks.insert(cstart, idx as u16);
+                Some(idx as u16)
+            }
+            Err(e) => {
+                tracing::debug!("registering a fixed buffer: {e}; using unregistered I/O");
+                // Do not retry on every request.
+                self.fixed_slots = idx;
+                None
+            }
+        }
     }
 
     fn check_room(&self) -> Result<(), EngineError> {
@@ -398,37 +436,12 @@ impl Engine for UringEngine {
         if self.fixed_slots == 0 {
             return Err(EngineError::UringUnsupported("registered buffers"));
         }
-        let (start, len) = (region.as_ptr() as usize, region.len());
-        let n = len.div_ceil(MAX_FIXED_BUFFER);
-        let first = self.pieces.len();
-        if first + n > self.fixed_slots as usize {
-            return Err(EngineError::TooManyRegions {
-                max: self.fixed_slots as usize,
-            });
-        }
-        let iovs: Vec<libc::iovec> = (0..n)
-            .map(|i| libc::iovec {
-                iov_base: (start + i * MAX_FIXED_BUFFER) as *mut libc::c_void,
-                iov_len: (len - i * MAX_FIXED_BUFFER).min(MAX_FIXED_BUFFER),
-            })
-            .collect();
-        // SAFETY: the iovecs cover `region`, which the MemoryRegion contract
-        // keeps mapped while the Arc lives; the engine holds the Arc until
-        // it is dropped, after the ring.
-        unsafe {
-            self.ring
-                .submitter()
-                .register_buffers_update(first as u32, &iovs, None)
-        }
-        .map_err(|e| EngineError::sys("IORING_REGISTER_BUFFERS_UPDATE", e))?;
-        for (i, v) in iovs.iter().enumerate() {
-            self.pieces.push(FixedPiece {
-                start: v.iov_base as usize,
-                len: v.iov_len,
-                index: (first + i) as u16,
-            });
-        }
-        self.regions.push(region);
+        // Chunks are registered when requests first use them.
+        self.regions.push(Region {
+            start: region.as_ptr() as usize,
+            len: region.len(),
+            _keep: region,
+        });
         Ok(())
     }
 

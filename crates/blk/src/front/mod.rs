@@ -81,7 +81,7 @@ impl FrontendConfig {
 /// the host-load gate stops it when others need the CPU.
 pub fn frontend_default_policy() -> PollPolicy {
     let mut cfg = AdaptiveConfig::default();
-    if let Ok(ns) = pvio_poll::calibrate::wake_cost_ns(30) {
+    if let Ok(ns) = pvio_poll::calibrate::host_wake_cost_ns(30) {
         cfg.wake_cost_ns = ns.clamp(2_000, 200_000);
     }
     PollPolicy::Adaptive(cfg)

@@ -12,6 +12,10 @@ pub enum BenchCommand {
     Xenstore(pvio_bench::xenstore::Args),
     /// Block datapath vs fio: QD1/QD32 reads, gap sweep, idle cost, request splitting.
     Blk(pvio_bench::blk::Args),
+    /// VM start time against the number of VBDs: sequential against parallel plug.
+    Plug(pvio_bench::plug::Args),
+    /// Start many VMs a batch at a time; time to the n-th ready VM and per-VM boot time.
+    Bootstorm(pvio_bench::bootstorm::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -19,5 +23,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ring(a) => pvio_bench::ring::run(a),
         BenchCommand::Xenstore(a) => pvio_bench::xenstore::run(a),
         BenchCommand::Blk(a) => pvio_bench::blk::run(a),
+        BenchCommand::Plug(a) => pvio_bench::plug::run(a),
+        BenchCommand::Bootstorm(a) => pvio_bench::bootstorm::run(a),
     }
 }

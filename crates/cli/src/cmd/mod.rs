@@ -2,10 +2,12 @@
 
 pub mod bench;
 pub mod guest_shell;
+pub mod host;
 pub mod hvd;
 pub mod internal;
 pub mod lsevtchn;
 pub mod tapdisk;
+pub mod toolstack;
 pub mod xenstored;
 pub mod xs_guest;
 

@@ -49,7 +49,18 @@ struct Inner {
     next_token: AtomicU64,
     closed: AtomicBool,
     reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Bounds this connection's open transactions.
+    tx_slots: Arc<tokio::sync::Semaphore>,
 }
+
+/// Transactions a guest's client keeps open at once: below xenstored's
+/// default per-domain quota (10), so concurrent tasks of one guest (e.g.
+/// disks connecting in parallel) wait for a slot instead of failing with
+/// ENOSPC. Dom0's socket connections are exempt from quotas and get
+/// [`MAX_OPEN_TRANSACTIONS_DOM0`].
+pub const MAX_OPEN_TRANSACTIONS: usize = 8;
+/// Transactions a dom0 (socket) client keeps open at once.
+pub const MAX_OPEN_TRANSACTIONS_DOM0: usize = 1024;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -94,6 +105,7 @@ pub struct Transaction<'a> {
     client: &'a Client,
     id: u32,
     done: bool,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
 fn path_arg(p: &str) -> Vec<u8> {
@@ -177,7 +189,11 @@ impl Client {
     pub async fn connect(path: impl AsRef<Path>) -> Result<Self, Error> {
         let stream = UnixStream::connect(path).await?;
         let (read, write) = stream.into_split();
-        Ok(Self::over(Box::new(read), Box::new(write)))
+        Ok(Self::over_with_limit(
+            Box::new(read),
+            Box::new(write),
+            MAX_OPEN_TRANSACTIONS_DOM0,
+        ))
     }
 
     /// A guest's connection over its own xenbus ring: frame
@@ -206,7 +222,13 @@ impl Client {
 
     /// A client over any byte stream carrying the xenstore wire protocol.
     /// Must be called inside a tokio runtime (it spawns the reader task).
+    /// At most [`MAX_OPEN_TRANSACTIONS`] transactions are open at once.
     pub fn over(read: StreamReader, write: StreamWriter) -> Self {
+        Self::over_with_limit(read, write, MAX_OPEN_TRANSACTIONS)
+    }
+
+    /// [`Client::over`] with another bound on open transactions.
+    pub fn over_with_limit(read: StreamReader, write: StreamWriter, transactions: usize) -> Self {
         let inner = Arc::new(Inner {
             writer: tokio::sync::Mutex::new(write),
             pending: Mutex::new(HashMap::new()),
@@ -215,6 +237,7 @@ impl Client {
             next_token: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             reader: Mutex::new(None),
+            tx_slots: Arc::new(tokio::sync::Semaphore::new(transactions.max(1))),
         });
         let task = tokio::spawn(reader_task(Arc::downgrade(&inner), read));
         if let Ok(mut r) = inner.reader.lock() {
@@ -324,6 +347,13 @@ impl Client {
 
     /// Starts a transaction.
     pub async fn transaction_start(&self) -> Result<Transaction<'_>, Error> {
+        let slot = self
+            .inner
+            .tx_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| Error::Closed)?;
         let r = self.request(MsgType::TransactionStart, 0, b"\0").await?;
         let id = strings(&r)
             .first()
@@ -333,6 +363,7 @@ impl Client {
             client: self,
             id,
             done: false,
+            _slot: slot,
         })
     }
 

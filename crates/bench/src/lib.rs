@@ -7,7 +7,9 @@
 
 pub mod blk;
 pub mod bootstorm;
+pub mod control_latency;
 pub mod host;
+pub mod hostproc;
 pub mod plug;
 pub mod procs;
 pub mod report;

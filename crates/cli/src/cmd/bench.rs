@@ -16,6 +16,8 @@ pub enum BenchCommand {
     Plug(pvio_bench::plug::Args),
     /// Start many VMs a batch at a time; time to the n-th ready VM and per-VM boot time.
     Bootstorm(pvio_bench::bootstorm::Args),
+    /// vm-list latency while guests saturate the datapath, with and without the control slice.
+    ControlLatency(pvio_bench::control_latency::Args),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -25,5 +27,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Blk(a) => pvio_bench::blk::run(a),
         BenchCommand::Plug(a) => pvio_bench::plug::run(a),
         BenchCommand::Bootstorm(a) => pvio_bench::bootstorm::run(a),
+        BenchCommand::ControlLatency(a) => pvio_bench::control_latency::run(a),
     }
 }

@@ -6,8 +6,11 @@
 //!
 //! Each sample is what `xe vm-list` does on the wire: a new connection to
 //! toolstackd and one `VM.get_all_records`. A second series runs the
-//! `pvio vm-list` command itself (process start included), as a user would;
-//! the client runs outside both slices, like a login shell.
+//! `pvio vm-list` command itself (process start included), as a user would.
+//! With the slice, the client runs in the control slice, as an
+//! administrator's ssh session does on XenServer (sshd is one of the
+//! services its control.slice holds); without it, the client competes with
+//! everything else like every other process.
 
 use std::time::{Duration, Instant};
 
@@ -158,6 +161,43 @@ fn load(host: &HostProc, n: usize, job: &str) -> anyhow::Result<Vec<String>> {
     Ok(vms)
 }
 
+/// Moves this process into a CPU cgroup for as long as it lives, then back
+/// to where it was.
+struct JoinedGroup {
+    back: std::path::PathBuf,
+}
+
+impl JoinedGroup {
+    /// Joins the control slice if cgroups are usable; `None` (and a note)
+    /// where they are not.
+    fn control_slice(quiet: bool) -> Option<JoinedGroup> {
+        use pvio_xenops::cgroup::{cpu_cgroup_of, Hierarchy, CONTROL_GROUP};
+        let h = Hierarchy::detect()?;
+        let me = std::process::id();
+        let here = cpu_cgroup_of(me).ok()?;
+        let back = h.root().join(here.trim_start_matches('/'));
+        let target = h.root().join(CONTROL_GROUP);
+        match std::fs::write(target.join("cgroup.procs"), me.to_string()) {
+            Ok(()) => Some(JoinedGroup { back }),
+            Err(e) => {
+                if !quiet {
+                    eprintln!("cannot join {}: {e}", target.display());
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Drop for JoinedGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(
+            self.back.join("cgroup.procs"),
+            std::process::id().to_string(),
+        );
+    }
+}
+
 /// One host, loaded: the two series and the CPU load they ran under.
 fn loaded(
     tag: &str,
@@ -176,10 +216,16 @@ fn loaded(
     load(&host, vms, &a.job)?;
     // Let the load settle.
     std::thread::sleep(Duration::from_secs(1));
+    let joined = if extra.is_empty() {
+        JoinedGroup::control_slice(a.json)
+    } else {
+        None
+    };
     let c0 = cpu_times()?;
     let rpc = series(a.samples, interval, || rpc_vm_list(&host))?;
     let cli = series(a.cli_samples, interval, || cli_vm_list(&host))?;
     let c1 = cpu_times()?;
+    drop(joined);
     let (total, idle_t) = (c1.0 - c0.0, c1.1 - c0.1);
     let busy = if total == 0 {
         0.0

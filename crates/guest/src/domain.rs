@@ -61,7 +61,7 @@ pub struct GuestArgs {
     #[arg(long, default_value_t = 2)]
     pub ring_order: u32,
     /// How the frontend waits for responses: off, spin, tapdisk3, adaptive.
-    #[arg(long, default_value = "adaptive")]
+    #[arg(long, env = "PVIO_GUEST_POLLING", default_value = "adaptive")]
     pub polling: String,
     /// Run this fio-like job (e.g. rw=randread,bs=4k,iodepth=32,runtime=10s).
     #[arg(long)]

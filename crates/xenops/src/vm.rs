@@ -149,14 +149,19 @@ pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
     let spec = &vm.spec;
     std::fs::create_dir_all(&vm.dir)?;
     if let Some(dp) = &ctx.cfg.datapath_cgroup {
-        let g = dp
-            .child(&spec.uuid, crate::cgroup::DATAPATH_SHARES)
-            .map_err(|e| {
-                XenopsError::Io(std::io::Error::new(
-                    e.kind(),
-                    format!("creating the VM's cgroup: {e}"),
-                ))
-            })?;
+        let g = match dp.child(&spec.uuid, crate::cgroup::VM_SHARES) {
+            // Removed by another host that stopped while it was empty.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => dp
+                .recreate(crate::cgroup::DATAPATH_SHARES)
+                .and_then(|()| dp.child(&spec.uuid, crate::cgroup::VM_SHARES)),
+            r => r,
+        }
+        .map_err(|e| {
+            XenopsError::Io(std::io::Error::new(
+                e.kind(),
+                format!("creating the VM's cgroup: {e}"),
+            ))
+        })?;
         *vm.cgroup.borrow_mut() = Some(g);
     }
     let frames = spec.memory_mib * 256;

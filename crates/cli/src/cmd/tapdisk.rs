@@ -32,7 +32,7 @@ pub struct Args {
     )]
     pub xenstore_socket: std::path::PathBuf,
     /// Polling policy: off, spin, tapdisk3 or adaptive.
-    #[arg(long, default_value = "adaptive")]
+    #[arg(long, env = "PVIO_TAPDISK_POLLING", default_value = "adaptive")]
     pub polling: String,
     /// tapdisk3's polling window in µs (with --polling tapdisk3).
     #[arg(long, default_value_t = 1000)]

@@ -1,0 +1,318 @@
+//! The xe-style CLI end to end against a whole host (`pvio host up`): the
+//! objects of one VM created and listed (`params=`, `--minimal`), the VM
+//! started (its guest and tapdisk processes running in its datapath
+//! cgroup, its tree in the xenstore), shut down and destroyed; command
+//! lines that are wrong refused with nothing changed; and a VM start that
+//! fails on its 7th of 10 disks leaving no trace (no process, domain,
+//! xenstore node or cgroup) and then succeeding once the disk is fixed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use pvio_bench::hostproc::HostProc;
+
+const PVIO: &str = env!("CARGO_BIN_EXE_pvio");
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A host for one test, with helpers to run commands against it.
+struct Host(HostProc);
+
+impl Host {
+    fn start(tag: &str) -> Host {
+        std::env::set_var("PVIO_BIN", PVIO);
+        Host(HostProc::start(tag, &[]).expect("pvio host up"))
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.0.xe_command(args).unwrap().output().unwrap()
+    }
+
+    /// A command that must succeed; its standard output.
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "pvio {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// A command that must fail with nothing on standard output; its
+    /// standard error.
+    fn fails(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert_eq!(o.status.code(), Some(1), "pvio {args:?} did not fail");
+        assert!(o.stdout.is_empty(), "pvio {args:?} printed on failure");
+        String::from_utf8(o.stderr).unwrap()
+    }
+
+    /// A create command; the new object's uuid.
+    fn create(&self, args: &[&str]) -> String {
+        let out = self.ok(args);
+        let uuid = out.trim().to_string();
+        assert_eq!(uuid.len(), 36, "{args:?} printed {out:?}");
+        uuid
+    }
+
+    /// Every object the toolstack holds, as the CLI prints it.
+    fn objects(&self) -> String {
+        ["sr", "vdi", "vm", "vbd"]
+            .iter()
+            .map(|c| self.ok(&[&format!("{c}-list"), "params=all"]))
+            .collect::<Vec<_>>()
+            .join("----\n")
+    }
+
+    fn param(&self, vm: &str, name: &str) -> String {
+        self.ok(&[
+            "vm-param-get",
+            &format!("uuid={vm}"),
+            &format!("param-name={name}"),
+        ])
+        .trim()
+        .to_string()
+    }
+
+    /// `xenstore-list PATH` through Debian's xenstore-utils.
+    fn xs_list(&self, path: &str) -> Vec<String> {
+        let o = Command::new("xenstore-list")
+            .arg(path)
+            .env("XENSTORED_PATH", self.0.state().join("xenstored.sock"))
+            .output()
+            .expect("xenstore-list (xenstore-utils)");
+        if !o.status.success() {
+            return Vec::new();
+        }
+        String::from_utf8(o.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Command lines of tapdisk and guest processes of this host.
+    fn vm_processes(&self) -> Vec<String> {
+        let state = self.0.state().display().to_string();
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if (cmd.contains(" tapdisk ") || cmd.contains(" guest ")) && cmd.contains(&state) {
+                found.push(cmd);
+            }
+        }
+        found
+    }
+
+    /// The datapath cgroup that `host up` put VMs in, if cgroups work here.
+    fn datapath_cgroup(&self) -> Option<PathBuf> {
+        let log = std::fs::read_to_string(self.0.dir.0.join("host.log")).unwrap_or_default();
+        if log.contains("not isolated") {
+            return None;
+        }
+        pvio_xenops::cgroup::Hierarchy::detect()
+            .map(|h| h.root().join(pvio_xenops::cgroup::DATAPATH_GROUP))
+    }
+
+    /// Asserts that nothing of VM `uuid` runs or is left anywhere.
+    fn assert_no_trace(&self, uuid: &str) {
+        assert_eq!(self.vm_processes(), Vec::<String>::new(), "processes left");
+        assert_eq!(self.xs_list("/local/domain"), vec!["0"], "domains left");
+        assert_eq!(
+            self.xs_list("/local/domain/0/backend/vbd"),
+            Vec::<String>::new(),
+            "backends left"
+        );
+        assert_eq!(self.xs_list(&format!("/vm/{uuid}")), Vec::<String>::new());
+        if let Some(g) = self.datapath_cgroup() {
+            assert!(!g.join(uuid).exists(), "the VM's cgroup is left");
+        }
+        assert_eq!(self.param(uuid, "power-state"), "halted");
+        assert_eq!(self.param(uuid, "dom-id"), "-1");
+    }
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !cond() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn pid_cgroup(pid: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    text.lines()
+        .find(|l| {
+            l.split(':')
+                .nth(1)
+                .is_some_and(|c| c.split(',').any(|c| c == "cpu"))
+        })
+        .or_else(|| text.lines().find(|l| l.starts_with("0::")))
+        .and_then(|l| l.splitn(3, ':').nth(2))
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn a_vm_is_created_started_shut_down_and_destroyed_through_the_cli() {
+    let h = Host::start("cli-e2e");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let vdi = h.create(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=root",
+        "virtual-size=16MiB",
+    ]);
+    let vm = h.create(&["vm-create", "name-label=web", "memory=128MiB"]);
+    let vbd = h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=0",
+        "mode=RW",
+    ]);
+
+    // Lists: xe's record layout, params= and --minimal.
+    let list = h.ok(&["vm-list"]);
+    assert!(
+        list.contains(&format!("uuid ( RO)           : {vm}")),
+        "{list}"
+    );
+    assert!(list.contains("     name-label ( RW): web"), "{list}");
+    assert!(list.contains("    power-state ( RO): halted"), "{list}");
+    assert_eq!(h.ok(&["vm-list", "--minimal"]), format!("{vm}\n"));
+    assert_eq!(
+        h.ok(&[
+            "vm-list",
+            "name-label=web",
+            "params=name-label",
+            "--minimal"
+        ]),
+        "web\n"
+    );
+    assert_eq!(h.ok(&["vm-list", "name-label=nope", "--minimal"]), "\n");
+    assert_eq!(
+        h.ok(&["vbd-list", &format!("vm-uuid={vm}"), "--minimal"]),
+        format!("{vbd}\n")
+    );
+    let vdi_rec = h.ok(&["vdi-list", &format!("uuid={vdi}"), "params=virtual-size"]);
+    assert!(vdi_rec.contains(": 16777216"), "{vdi_rec}");
+
+    // Wrong command lines name what is wrong and change nothing.
+    let before = h.objects();
+    let e = h.fails(&["vm-start", "uuid=00000000-0000-0000-0000-000000000000"]);
+    assert!(e.contains("No matching VMs found"), "{e}");
+    let e = h.fails(&["vbd-create", &format!("vm-uuid={vm}"), "device=1"]);
+    assert!(e.contains("Required parameter not found: vdi-uuid"), "{e}");
+    let e = h.fails(&["vm-create", "name-label=x", "bogus=1"]);
+    assert!(e.contains("Unknown parameter: bogus"), "{e}");
+    let e = h.fails(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=x",
+        "virtual-size=lots",
+    ]);
+    assert!(e.contains("virtual-size"), "{e}");
+    assert_eq!(h.objects(), before);
+
+    // Start: a domain, its guest and tapdisk, connected, in its cgroup.
+    assert_eq!(h.ok(&["vm-start", &format!("uuid={vm}")]), "");
+    assert_eq!(h.param(&vm, "power-state"), "running");
+    let domid = h.param(&vm, "dom-id");
+    assert!(domid.parse::<u16>().is_ok_and(|d| d > 0), "dom-id {domid}");
+    let procs = h.vm_processes();
+    assert_eq!(procs.len(), 2, "one guest and one tapdisk: {procs:?}");
+    assert_eq!(
+        h.xs_list(&format!("/local/domain/0/backend/vbd/{domid}")),
+        vec!["51712"]
+    );
+    if let Some(g) = h.datapath_cgroup() {
+        let pids = std::fs::read_to_string(g.join(&vm).join("cgroup.procs")).unwrap();
+        let pids: Vec<&str> = pids.lines().collect();
+        assert_eq!(pids.len(), 2, "guest and tapdisk in the VM's cgroup");
+        for p in pids {
+            assert!(pid_cgroup(p).ends_with(&vm), "{p} in {}", pid_cgroup(p));
+        }
+    }
+    // A running VM refuses what needs it halted, and stays as it was.
+    let before = h.objects();
+    let e = h.fails(&["vm-destroy", &format!("uuid={vm}")]);
+    assert!(e.contains("expected: halted"), "{e}");
+    let e = h.fails(&["vm-start", &format!("uuid={vm}")]);
+    assert!(e.contains("actual: running"), "{e}");
+    assert_eq!(h.objects(), before);
+    assert_eq!(h.vm_processes().len(), 2);
+
+    // Shutdown: the guest asked, everything gone.
+    assert_eq!(h.ok(&["vm-shutdown", &format!("uuid={vm}")]), "");
+    h.assert_no_trace(&vm);
+
+    // Destroy: the VM and its VBD go, the VDI and its file stay.
+    assert_eq!(h.ok(&["vm-destroy", &format!("uuid={vm}")]), "");
+    assert_eq!(h.ok(&["vm-list", "--minimal"]), "\n");
+    assert_eq!(h.ok(&["vbd-list", "--minimal"]), "\n");
+    assert_eq!(h.ok(&["vdi-list", "--minimal"]), format!("{vdi}\n"));
+    let location = h.ok(&[
+        "vdi-param-get",
+        &format!("uuid={vdi}"),
+        "param-name=location",
+    ]);
+    assert!(Path::new(location.trim()).exists(), "{location}");
+}
+
+#[test]
+fn a_start_that_fails_on_the_seventh_of_ten_disks_leaves_no_trace() {
+    let h = Host::start("cli-fail7");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let vm = h.create(&["vm-create", "name-label=ten-disks"]);
+    let mut files = Vec::new();
+    for n in 0..10 {
+        let vdi = h.create(&[
+            "vdi-create",
+            &format!("sr-uuid={sr}"),
+            &format!("name-label=d{n}"),
+            "virtual-size=4MiB",
+        ]);
+        h.create(&[
+            "vbd-create",
+            &format!("vm-uuid={vm}"),
+            &format!("vdi-uuid={vdi}"),
+            &format!("device={n}"),
+        ]);
+        let loc = h.ok(&[
+            "vdi-param-get",
+            &format!("uuid={vdi}"),
+            "param-name=location",
+        ]);
+        files.push(PathBuf::from(loc.trim()));
+    }
+    // The 7th disk's image is gone: its tapdisk cannot open it.
+    let seventh = &files[6];
+    std::fs::remove_file(seventh).unwrap();
+    let before = h.objects();
+    let e = h.fails(&["vm-start", &format!("uuid={vm}")]);
+    assert!(
+        e.contains(&seventh.display().to_string()),
+        "the error names the missing image: {e}"
+    );
+    h.assert_no_trace(&vm);
+    assert_eq!(h.objects(), before, "the failed start changed objects");
+
+    // Fixed, the same VM starts with all ten disks connected.
+    std::fs::File::create(seventh)
+        .unwrap()
+        .set_len(4 << 20)
+        .unwrap();
+    assert_eq!(h.ok(&["vm-start", &format!("uuid={vm}")]), "");
+    let domid = h.param(&vm, "dom-id");
+    let backends = h.xs_list(&format!("/local/domain/0/backend/vbd/{domid}"));
+    assert_eq!(backends.len(), 10, "{backends:?}");
+    assert_eq!(h.vm_processes().len(), 11, "one guest and ten tapdisks");
+    assert_eq!(h.ok(&["vm-shutdown", &format!("uuid={vm}")]), "");
+    h.assert_no_trace(&vm);
+}

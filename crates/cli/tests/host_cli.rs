@@ -8,12 +8,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
 
 use pvio_bench::hostproc::HostProc;
 
 const PVIO: &str = env!("CARGO_BIN_EXE_pvio");
-const DEADLINE: Duration = Duration::from_secs(60);
 
 /// A host for one test, with helpers to run commands against it.
 struct Host(HostProc);
@@ -133,14 +131,6 @@ impl Host {
         }
         assert_eq!(self.param(uuid, "power-state"), "halted");
         assert_eq!(self.param(uuid, "dom-id"), "-1");
-    }
-}
-
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let end = Instant::now() + DEADLINE;
-    while !cond() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

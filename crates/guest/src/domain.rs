@@ -75,11 +75,17 @@ pub struct GuestArgs {
     /// Export read-only.
     #[arg(long)]
     pub nbd_read_only: bool,
-    /// Boot simulation: read this many MiB from the first disk (128 KiB
-    /// requests, 8 in flight, as an OS's readahead does while it boots),
-    /// then write data/ready = 1 in the domain's xenstore home.
+    /// Boot simulation: read this many MiB from the first disk, then
+    /// write data/ready = 1 in the domain's xenstore home.
     #[arg(long)]
     pub boot_read: Option<u32>,
+    /// Request size of the boot read in bytes, rounded up to 4 KiB
+    /// (default: 128 KiB, Linux's readahead).
+    #[arg(long, default_value_t = 128 << 10, value_parser = clap::value_parser!(u32).range(512..=(16 << 20)))]
+    pub boot_read_bs: u32,
+    /// Requests the boot read keeps in flight.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub boot_read_depth: u32,
     /// Connect the disks and wait for SIGTERM.
     #[arg(long)]
     pub idle: bool,
@@ -167,7 +173,7 @@ async fn run_async(args: GuestArgs) -> anyhow::Result<()> {
     let numjobs = spec.as_ref().map_or(1, |s| s.numjobs);
     let (iodepth, bs) = match (&spec, args.boot_read) {
         (Some(s), _) => (s.iodepth as usize, s.bs.0 as usize),
-        (None, Some(_)) => (BOOT_READ_DEPTH, BOOT_READ_BYTES),
+        (None, Some(_)) => (args.boot_read_depth as usize, args.boot_read_bs as usize),
         (None, None) => (32, 1 << 20),
     };
     let mut cfg = FrontendConfig::new(0);
@@ -552,11 +558,6 @@ async fn workload(
     shutdown.wait().await;
     Ok(())
 }
-
-/// Request size of the boot read (Linux's default readahead).
-const BOOT_READ_BYTES: usize = 128 << 10;
-/// Requests the boot read keeps in flight.
-const BOOT_READ_DEPTH: usize = 8;
 
 /// Reads `bytes` from the start of the disk in buffer-sized requests, with
 /// every buffer in flight.

@@ -9,6 +9,13 @@
 //! This crate owns running VMs and their processes; it never stores objects
 //! (that is the toolstack's SQLite database) and never parses user input.
 
+/// Nodes a guest may own in the xenstore of a pvio host: a VM of 255
+/// disks needs about 3,000 (Xen's default quota, 1,000, is for a few).
+pub const GUEST_XS_QUOTA_NODES: u32 = 8192;
+/// Watches a guest may hold: its frontends watch one or two nodes per
+/// disk, so 255 disks need more than Xen's default of 128.
+pub const GUEST_XS_QUOTA_WATCHES: u32 = 1024;
+
 pub mod cgroup;
 pub mod process;
 pub mod spec;
@@ -16,7 +23,7 @@ pub mod vbd;
 pub mod vm;
 pub mod xs_tree;
 
-pub use spec::{VbdSpec, VmSpec, Workload};
+pub use spec::{BootRead, VbdSpec, VmSpec, Workload};
 
 use std::path::PathBuf;
 use std::time::Duration;

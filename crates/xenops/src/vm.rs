@@ -297,7 +297,13 @@ fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, Xenop
     match &vm.spec.workload {
         Workload::Idle => cmd.arg("--idle"),
         Workload::Job(s) => cmd.arg("--job").arg(s),
-        Workload::BootRead(m) => cmd.arg("--boot-read").arg(m.to_string()),
+        Workload::BootRead(b) => cmd
+            .arg("--boot-read")
+            .arg(b.mib.to_string())
+            .arg("--boot-read-bs")
+            .arg(b.bs.to_string())
+            .arg("--boot-read-depth")
+            .arg(b.depth.to_string()),
         Workload::Nbd(p) => cmd.arg("--nbd").arg(p),
     };
     let cgroup = vm.cgroup.borrow().clone();

@@ -249,7 +249,11 @@ pub async fn connect(
     };
     let per_page = (XEN_PAGE_SIZE / 8) as u32;
     let buffer_pages = (cfg.buffer_size / XEN_PAGE_SIZE) as u32;
-    let indirect_per_req = if indirect_segs > 11 {
+    // Indirect pages only where a buffer is larger than a direct request
+    // carries (an idle disk's one-page buffer needs none: a VM of 255
+    // disks would otherwise spend 128 frames on each).
+    let direct_max = pvio_abi::blkif::BLKIF_MAX_SEGMENTS_PER_REQUEST as u32;
+    let indirect_per_req = if indirect_segs > direct_max && buffer_pages > direct_max {
         buffer_pages.min(indirect_segs).div_ceil(per_page) as usize
     } else {
         0

@@ -47,10 +47,10 @@ pub struct UpArgs {
     #[arg(long)]
     pub no_control_slice: bool,
     /// Nodes a guest may own in the xenstore (a VM of 255 disks needs ~3000).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = pvio_xenops::GUEST_XS_QUOTA_NODES)]
     pub xenstore_quota_nodes: u32,
     /// Watches a guest may hold (one or two per disk).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = pvio_xenops::GUEST_XS_QUOTA_WATCHES)]
     pub xenstore_quota_watches: u32,
 }
 

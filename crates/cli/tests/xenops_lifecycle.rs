@@ -194,6 +194,24 @@ fn a_vm_starts_with_its_disks_connected_and_shuts_down_cleanly() {
     for devid in &vm.vbds {
         assert_eq!(h.backend_state(vm.domid, *devid).as_deref(), Some("4"));
     }
+    // libxl's permissions on every key of both directories: the frontend
+    // is the guest's (dom0 reads it), the backend dom0's (the guest reads
+    // it).
+    let d = vm.domid;
+    let fe = format!("/local/domain/{d}/device/vbd/{}", vm.vbds[0]);
+    let be = format!("/local/domain/0/backend/vbd/{d}/{}", vm.vbds[0]);
+    for (path, want) in [
+        (fe.clone(), format!("n{d} r0")),
+        (format!("{fe}/backend"), format!("n{d} r0")),
+        (format!("{fe}/virtual-device"), format!("n{d} r0")),
+        (be.clone(), format!("n0 r{d}")),
+        (format!("{be}/params"), format!("n0 r{d}")),
+        (format!("{be}/frontend-id"), format!("n0 r{d}")),
+    ] {
+        let p = path.clone();
+        let perms = h.mini.xs(async move |xs| xs.get_perms(&p).await).unwrap();
+        assert_eq!(perms.to_string(), want, "permissions of {path}");
+    }
     // The start marker is gone; the guest owns its control directory.
     assert!(!h.xs_exists(&format!("/local/domain/{}/action-request", vm.domid)));
     assert!(h.xs_exists(&format!("/local/domain/{}/control/shutdown", vm.domid)));

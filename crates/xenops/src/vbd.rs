@@ -58,10 +58,12 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
         reason,
         started: None,
     };
+    let t0 = std::time::Instant::now();
     // SR.attach: slow storage layers take this long.
     if !spec.attach_delay.is_zero() {
         tokio::time::sleep(spec.attach_delay).await;
     }
+    let t_attach = t0.elapsed();
     let paths = xs_tree::write_vbd(
         ctx.xs,
         ctx.domid,
@@ -72,6 +74,7 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     )
     .await
     .map_err(|e| fail(format!("writing its xenstore directories: {e}")))?;
+    let t_write = t0.elapsed();
     let log = ctx.dir.join(format!("tapdisk-{}.log", spec.devid));
     let mut cmd = tokio::process::Command::new(ctx.pvio_bin);
     cmd.arg("tapdisk")
@@ -92,6 +95,7 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     }
     let tapdisk = Proc::spawn(cmd, &log, ctx.cgroup)
         .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
+    let t_spawn = t0.elapsed();
     let plugged = PluggedVbd {
         spec: spec.clone(),
         paths,
@@ -103,7 +107,18 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     })
     .await
     {
-        Ok(()) => Ok(plugged),
+        Ok(()) => {
+            let ms = |d: Duration| d.as_secs_f64() * 1e3;
+            tracing::debug!(
+                devid = spec.devid,
+                attach_ms = ms(t_attach),
+                xenstore_ms = ms(t_write - t_attach),
+                spawn_ms = ms(t_spawn - t_write),
+                initwait_ms = ms(t0.elapsed() - t_spawn),
+                "plugged"
+            );
+            Ok(plugged)
+        }
         Err(reason) => Err(PlugError {
             reason,
             started: Some(plugged),

@@ -205,22 +205,16 @@ pub async fn write_vbd(
     // waits for it.
     xs.mkdir(&p.backend).await?;
     xs.mkdir(&p.frontend).await?;
+    // Permissions on the two directories first: the keys written below
+    // inherit them (as libxl relies on), one request each instead of two.
     xs.transaction(async |t| {
+        t.set_perms(&p.frontend, &fe_perms).await?;
+        t.set_perms(&p.backend, &be_perms).await?;
         for (k, v) in &fe_keys {
             t.write(&format!("{}/{k}", p.frontend), v).await?;
         }
         for (k, v) in &be_keys {
             t.write(&format!("{}/{k}", p.backend), v).await?;
-        }
-        t.set_perms(&p.frontend, &fe_perms).await?;
-        for (k, _) in &fe_keys {
-            t.set_perms(&format!("{}/{k}", p.frontend), &fe_perms)
-                .await?;
-        }
-        t.set_perms(&p.backend, &be_perms).await?;
-        for (k, _) in &be_keys {
-            t.set_perms(&format!("{}/{k}", p.backend), &be_perms)
-                .await?;
         }
         Ok(())
     })

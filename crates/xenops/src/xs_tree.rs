@@ -210,13 +210,16 @@ pub async fn write_vbd(
     xs.transaction(async |t| {
         t.set_perms(&p.frontend, &fe_perms).await?;
         t.set_perms(&p.backend, &be_perms).await?;
-        for (k, v) in &fe_keys {
-            t.write(&format!("{}/{k}", p.frontend), v).await?;
-        }
-        for (k, v) in &be_keys {
-            t.write(&format!("{}/{k}", p.backend), v).await?;
-        }
-        Ok(())
+        let kvs: Vec<(String, String)> = fe_keys
+            .iter()
+            .map(|(k, v)| (format!("{}/{k}", p.frontend), v.clone()))
+            .chain(
+                be_keys
+                    .iter()
+                    .map(|(k, v)| (format!("{}/{k}", p.backend), v.clone())),
+            )
+            .collect();
+        t.write_many(&kvs).await
     })
     .await?;
     Ok(p)

@@ -213,3 +213,49 @@ async fn xenbus_state_handshake() {
     .await;
     assert!(matches!(r, Err(Error::Timeout(_))), "{r:?}");
 }
+
+#[tokio::test]
+async fn batched_writes_apply_in_order_and_report_the_first_error() {
+    let c = Client::connect(daemon("many")).await.unwrap();
+    let kvs: Vec<(String, String)> = (0..50)
+        .map(|i| (format!("/batch/k{i:02}"), format!("v{i}")))
+        .chain([("/batch/k07".to_string(), "again".to_string())])
+        .collect();
+    c.write_many(&kvs).await.unwrap();
+    let names = c.directory("/batch").await.unwrap();
+    assert_eq!(names.len(), 50);
+    assert_eq!(c.read_string("/batch/k49").await.unwrap(), "v49");
+    // The later write of the same key wins: requests were applied in order.
+    assert_eq!(c.read_string("/batch/k07").await.unwrap(), "again");
+    // Inside a transaction too, and the transaction commits them together.
+    c.transaction(async |t| {
+        t.write_many(&[
+            ("/tx/a".to_string(), "1".to_string()),
+            ("/tx/b".to_string(), "2".to_string()),
+        ])
+        .await
+    })
+    .await
+    .unwrap();
+    assert_eq!(c.read_string("/tx/b").await.unwrap(), "2");
+    // A bad path in the middle: the error comes back, the others are done,
+    // and the connection still answers.
+    let bad = vec![
+        ("/mixed/a".to_string(), "1".to_string()),
+        ("/bad path".to_string(), "x".to_string()),
+        ("/mixed/c".to_string(), "3".to_string()),
+    ];
+    assert!(matches!(
+        c.write_many(&bad).await,
+        Err(Error::Xen(XsError::Einval))
+    ));
+    assert_eq!(c.read_string("/mixed/a").await.unwrap(), "1");
+    assert_eq!(c.read_string("/mixed/c").await.unwrap(), "3");
+    // Too big a request is refused before anything is sent.
+    let huge = vec![("/huge".to_string(), "x".repeat(5000))];
+    assert!(matches!(
+        c.write_many(&huge).await,
+        Err(Error::Xen(XsError::E2big))
+    ));
+    assert!(!c.exists("/huge").await.unwrap());
+}

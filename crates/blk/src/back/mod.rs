@@ -373,14 +373,18 @@ impl Disk {
             kv.push((bk::DISCARD_ALIGNMENT, "0".into()));
             kv.push((bk::DISCARD_SECURE, "0".into()));
         }
+        self.write_keys(&kv).await
+    }
+
+    /// Writes backend keys in one transaction and one round trip.
+    async fn write_keys(&self, kv: &[(&str, String)]) -> Result<(), BackendError> {
         let be = &self.cfg.backend;
+        let kvs: Vec<(String, String)> = kv
+            .iter()
+            .map(|(k, v)| (format!("{be}/{k}"), v.clone()))
+            .collect();
         self.xs
-            .transaction(async |t| {
-                for (k, v) in &kv {
-                    t.write(&format!("{be}/{k}"), v).await?;
-                }
-                Ok(())
-            })
+            .transaction(async |t| t.write_many(&kvs).await)
             .await?;
         Ok(())
     }
@@ -400,16 +404,7 @@ impl Disk {
             (bk::SECTOR_SIZE, ss.to_string()),
             (bk::PHYSICAL_SECTOR_SIZE, ss.max(4096).to_string()),
         ];
-        let be = &self.cfg.backend;
-        self.xs
-            .transaction(async |t| {
-                for (k, v) in &kv {
-                    t.write(&format!("{be}/{k}"), v).await?;
-                }
-                Ok(())
-            })
-            .await?;
-        Ok(())
+        self.write_keys(&kv).await
     }
 
     /// Reads the frontend's transport keys.

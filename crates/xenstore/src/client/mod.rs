@@ -254,41 +254,71 @@ impl Client {
 
     /// Sends one request and awaits its reply payload.
     pub async fn request(&self, ty: MsgType, tx_id: u32, payload: &[u8]) -> Result<Vec<u8>, Error> {
-        if payload.len() > XENSTORE_PAYLOAD_MAX {
+        let mut pending = self.send(&[(ty, payload)], tx_id).await?;
+        pending.remove(0).reply().await
+    }
+
+    /// Sends several requests in one write, then awaits every reply in
+    /// order (xenstored answers a connection's requests in order); the
+    /// first error is returned once all have answered. One round trip for
+    /// a batch of writes instead of one each.
+    pub async fn request_many(
+        &self,
+        tx_id: u32,
+        requests: &[(MsgType, Vec<u8>)],
+    ) -> Result<Vec<Vec<u8>>, Error> {
+        let reqs: Vec<(MsgType, &[u8])> = requests.iter().map(|(t, p)| (*t, &p[..])).collect();
+        let pending = self.send(&reqs, tx_id).await?;
+        let mut out = Vec::with_capacity(pending.len());
+        let mut first_err = None;
+        for p in pending {
+            match p.reply().await {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Registers and writes requests; their replies come through the
+    /// returned handles.
+    async fn send(&self, reqs: &[(MsgType, &[u8])], tx_id: u32) -> Result<Vec<Pending>, Error> {
+        if reqs.iter().any(|(_, p)| p.len() > XENSTORE_PAYLOAD_MAX) {
             return Err(Error::Xen(XsError::E2big));
         }
         if self.inner.closed.load(Ordering::SeqCst) {
             return Err(Error::Closed);
         }
-        let req_id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        if let Ok(mut p) = self.inner.pending.lock() {
-            p.insert(req_id, tx);
+        let mut msg = Vec::new();
+        let mut pending = Vec::with_capacity(reqs.len());
+        for (ty, payload) in reqs {
+            let req_id = self.inner.next_req.fetch_add(1, Ordering::Relaxed);
+            let (tx, rx) = oneshot::channel();
+            if let Ok(mut p) = self.inner.pending.lock() {
+                p.insert(req_id, tx);
+            }
+            encode_message(&mut msg, *ty as u32, req_id, tx_id, payload);
+            pending.push(Pending {
+                ty: *ty,
+                req_id,
+                rx,
+            });
         }
-        let mut msg = Vec::with_capacity(HEADER_LEN + payload.len());
-        encode_message(&mut msg, ty as u32, req_id, tx_id, payload);
         let sent = self.inner.writer.lock().await.write_all(&msg).await;
         if let Err(e) = sent {
             if let Ok(mut p) = self.inner.pending.lock() {
-                p.remove(&req_id);
+                for r in &pending {
+                    p.remove(&r.req_id);
+                }
             }
             return Err(e.into());
         }
-        let (rty, body) = rx.await.map_err(|_| Error::Closed)??;
-        if rty == MsgType::Error as u32 {
-            let name =
-                String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(&body)).into_owned();
-            return Err(XsError::from_name(&name)
-                .map(Error::Xen)
-                .unwrap_or_else(|| Error::Protocol(format!("unknown error {name:?}"))));
-        }
-        if rty != ty as u32 {
-            return Err(Error::Protocol(format!(
-                "reply type {rty} to request type {}",
-                ty as u32
-            )));
-        }
-        Ok(body)
+        Ok(pending)
     }
 
     fn scope(&self, tx: u32) -> Scope<'_> {
@@ -318,6 +348,12 @@ impl Client {
     /// Writes a value, creating missing parents.
     pub async fn write(&self, path: &str, value: impl AsRef<[u8]>) -> Result<(), Error> {
         self.scope(0).write(path, value.as_ref()).await
+    }
+
+    /// Writes several `(path, value)` pairs in one round trip (requests
+    /// pipelined, applied in order).
+    pub async fn write_many(&self, kvs: &[(String, String)]) -> Result<(), Error> {
+        self.scope(0).write_many(kvs).await
     }
 
     /// Creates a node (and parents) if missing.
@@ -496,6 +532,33 @@ struct Scope<'a> {
     tx: u32,
 }
 
+/// A request on the wire, waiting for its reply.
+struct Pending {
+    ty: MsgType,
+    req_id: u32,
+    rx: oneshot::Receiver<Reply>,
+}
+
+impl Pending {
+    async fn reply(self) -> Result<Vec<u8>, Error> {
+        let (rty, body) = self.rx.await.map_err(|_| Error::Closed)??;
+        if rty == MsgType::Error as u32 {
+            let name =
+                String::from_utf8_lossy(body.strip_suffix(&[0]).unwrap_or(&body)).into_owned();
+            return Err(XsError::from_name(&name)
+                .map(Error::Xen)
+                .unwrap_or_else(|| Error::Protocol(format!("unknown error {name:?}"))));
+        }
+        if rty != self.ty as u32 {
+            return Err(Error::Protocol(format!(
+                "reply type {rty} to request type {}",
+                self.ty as u32
+            )));
+        }
+        Ok(body)
+    }
+}
+
 impl Scope<'_> {
     async fn read(&self, path: &str) -> Result<Vec<u8>, Error> {
         self.c
@@ -515,6 +578,18 @@ impl Scope<'_> {
         let mut p = path_arg(path);
         p.extend_from_slice(value);
         self.c.request(MsgType::Write, self.tx, &p).await.map(drop)
+    }
+
+    async fn write_many(&self, kvs: &[(String, String)]) -> Result<(), Error> {
+        let reqs: Vec<(MsgType, Vec<u8>)> = kvs
+            .iter()
+            .map(|(k, v)| {
+                let mut p = path_arg(k);
+                p.extend_from_slice(v.as_bytes());
+                (MsgType::Write, p)
+            })
+            .collect();
+        self.c.request_many(self.tx, &reqs).await.map(drop)
     }
 
     async fn simple(&self, ty: MsgType, path: &str) -> Result<(), Error> {
@@ -614,6 +689,11 @@ impl Transaction<'_> {
 
     pub async fn write(&self, path: &str, value: impl AsRef<[u8]>) -> Result<(), Error> {
         self.scope().write(path, value.as_ref()).await
+    }
+
+    /// Writes several `(path, value)` pairs in one round trip.
+    pub async fn write_many(&self, kvs: &[(String, String)]) -> Result<(), Error> {
+        self.scope().write_many(kvs).await
     }
 
     pub async fn mkdir(&self, path: &str) -> Result<(), Error> {

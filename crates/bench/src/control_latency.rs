@@ -161,8 +161,8 @@ fn load(host: &HostProc, n: usize, job: &str) -> anyhow::Result<Vec<String>> {
     Ok(vms)
 }
 
-/// Moves this process into a CPU cgroup for as long as it lives, then back
-/// to where it was.
+/// Moves this process into the control slice (its cgroup and its CPUs)
+/// for as long as it lives, then back to where it was.
 struct JoinedGroup {
     back: std::path::PathBuf,
 }
@@ -178,7 +178,12 @@ impl JoinedGroup {
         let back = h.root().join(here.trim_start_matches('/'));
         let target = h.root().join(CONTROL_GROUP);
         match std::fs::write(target.join("cgroup.procs"), me.to_string()) {
-            Ok(()) => Some(JoinedGroup { back }),
+            Ok(()) => {
+                // On the slice's CPUs too, as `host up` puts its daemons.
+                let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let _ = pvio_xenops::affinity::pin(Some(&pvio_xenops::affinity::control_cpus(n)));
+                Some(JoinedGroup { back })
+            }
             Err(e) => {
                 if !quiet {
                     eprintln!("cannot join {}: {e}", target.display());
@@ -191,6 +196,7 @@ impl JoinedGroup {
 
 impl Drop for JoinedGroup {
     fn drop(&mut self) {
+        let _ = pvio_xenops::affinity::pin(None);
         let _ = std::fs::write(
             self.back.join("cgroup.procs"),
             std::process::id().to_string(),

@@ -45,6 +45,12 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before any thread exists: the CPUs the toolstack chose for this
+    // process (a tapdisk or guest gets every CPU back from a host whose
+    // control slice is pinned).
+    if let Err(e) = pvio_xenops::affinity::apply_env() {
+        eprintln!("pvio: warning: {e}");
+    }
     // The xe-style commands (vm-list, vdi-create, ...) are registered from
     // the toolstack's own table and take their key=value words unparsed.
     let matches = Cli::command()

@@ -1,7 +1,7 @@
 //! The xe-style CLI end to end against a whole host (`pvio host up`): the
 //! objects of one VM created and listed (`params=`, `--minimal`), the VM
-//! started (its guest and tapdisk processes running in its datapath
-//! cgroup, its tree in the xenstore), shut down and destroyed; command
+//! started (its guest and tapdisk processes running in the datapath
+//! cgroup, on every CPU, its tree in the xenstore), shut down and destroyed; command
 //! lines that are wrong refused with nothing changed; and a VM start that
 //! fails on its 7th of 10 disks leaving no trace (no process, domain,
 //! xenstore node or cgroup) and then succeeding once the disk is fixed.
@@ -90,17 +90,50 @@ impl Host {
             .collect()
     }
 
-    /// Command lines of tapdisk and guest processes of this host.
-    fn vm_processes(&self) -> Vec<String> {
+    /// Tapdisk and guest processes of this host: (pid, command line).
+    fn vm_procs(&self) -> Vec<(u32, String)> {
         let state = self.0.state().display().to_string();
         let mut found = Vec::new();
         for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
+                continue;
+            };
             let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
                 continue;
             };
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
             if (cmd.contains(" tapdisk ") || cmd.contains(" guest ")) && cmd.contains(&state) {
-                found.push(cmd);
+                found.push((pid, cmd));
+            }
+        }
+        found
+    }
+
+    fn vm_processes(&self) -> Vec<String> {
+        self.vm_procs().into_iter().map(|(_, c)| c).collect()
+    }
+
+    fn vm_pids(&self) -> Vec<u32> {
+        self.vm_procs().into_iter().map(|(p, _)| p).collect()
+    }
+
+    /// Pids of this host's hvd, xenstored and toolstackd.
+    fn daemon_pids(&self) -> Vec<u32> {
+        let sock = self.0.state().join("hvd.sock").display().to_string();
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
+                continue;
+            };
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            let daemon = [" hvd ", " xenstored ", " toolstackd "]
+                .iter()
+                .any(|d| cmd.contains(d));
+            if daemon && cmd.contains(&sock) {
+                found.push(pid);
             }
         }
         found
@@ -127,7 +160,7 @@ impl Host {
         );
         assert_eq!(self.xs_list(&format!("/vm/{uuid}")), Vec::<String>::new());
         if let Some(g) = self.datapath_cgroup() {
-            assert!(!g.join(uuid).exists(), "the VM's cgroup is left");
+            assert!(!g.join(uuid).exists(), "a cgroup of the VM exists");
         }
         assert_eq!(self.param(uuid, "power-state"), "halted");
         assert_eq!(self.param(uuid, "dom-id"), "-1");
@@ -222,11 +255,24 @@ fn a_vm_is_created_started_shut_down_and_destroyed_through_the_cli() {
         vec!["51712"]
     );
     if let Some(g) = h.datapath_cgroup() {
-        let pids = std::fs::read_to_string(g.join(&vm).join("cgroup.procs")).unwrap();
-        let pids: Vec<&str> = pids.lines().collect();
-        assert_eq!(pids.len(), 2, "guest and tapdisk in the VM's cgroup");
-        for p in pids {
-            assert!(pid_cgroup(p).ends_with(&vm), "{p} in {}", pid_cgroup(p));
+        let name = g.file_name().unwrap().to_string_lossy().into_owned();
+        for p in h.vm_pids() {
+            assert_eq!(pid_cgroup(&p.to_string()), format!("/{name}"), "pid {p}");
+        }
+        // The control slice is pinned to its CPUs; the VM runs on all.
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        let count = |pid: u32| {
+            let pid = rustix::process::Pid::from_raw(pid as i32);
+            rustix::thread::sched_getaffinity(pid).unwrap().count() as usize
+        };
+        for p in h.vm_pids() {
+            assert_eq!(count(p), cpus, "pid {p} is not on every CPU");
+        }
+        let control = pvio_xenops::affinity::control_cpus(cpus).len();
+        let daemons = h.daemon_pids();
+        assert_eq!(daemons.len(), 3, "hvd, xenstored, toolstackd");
+        for pid in daemons {
+            assert_eq!(count(pid), control, "daemon {pid} is not pinned");
         }
     }
     // A running VM refuses what needs it halted, and stays as it was.

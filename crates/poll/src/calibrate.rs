@@ -39,15 +39,22 @@ pub fn wake_cost_ns(rounds: usize) -> std::io::Result<u64> {
     let (a, b) = (efd()?, efd()?);
     let (a2, b2) = (a.try_clone()?, b.try_clone()?);
     let rounds = rounds.max(3);
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // Measure on two threads of their own so the caller's affinity stays.
+    // Measure on two threads of their own so the caller's affinity stays,
+    // on two CPUs of the whole machine even if the caller is pinned (a
+    // toolstack in a pinned control slice measures for unpinned guests).
     let me = std::thread::spawn(move || -> std::io::Result<u64> {
-        if cpus >= 2 {
-            pin(0);
+        let mut all = rustix::thread::CpuSet::new();
+        (0..rustix::thread::CpuSet::MAX_CPU).for_each(|c| all.set(c));
+        let _ = rustix::thread::sched_setaffinity(None, &all);
+        let allowed = rustix::thread::sched_getaffinity(None)?;
+        let mut two = (0..rustix::thread::CpuSet::MAX_CPU).filter(|&c| allowed.is_set(c));
+        let pair = two.next().zip(two.next());
+        if let Some((c0, _)) = pair {
+            pin(c0);
         }
         let peer = std::thread::spawn(move || -> std::io::Result<()> {
-            if cpus >= 2 {
-                pin(1);
+            if let Some((_, c1)) = pair {
+                pin(c1);
             }
             for _ in 0..rounds {
                 wait(&a2)?;

@@ -351,7 +351,8 @@ impl Poller {
         // CPU to spare and the spin is at most `spin_per_saved` wake-ups.
         let spin_pays = gap + 2.0 * dev + slack <= wake * cfg.spin_per_saved;
         // Around a predicted arrival, spin at most one wake-up's worth.
-        let half = (2.0 * dev + slack).clamp(slack, wake / 2.0);
+        // (On a host whose wake-ups cost less than two slacks, the slack.)
+        let half = (2.0 * dev + slack).clamp(slack, (wake / 2.0).max(slack));
         let expect_end = if spin_pays {
             since + (gap + 2.0 * dev + slack) as u64
         } else {
@@ -522,6 +523,27 @@ mod tests {
             wake_cpu: 10_000,
             late: 8_000,
             spin_detect: 300,
+        }
+    }
+
+    #[test]
+    fn a_host_with_cheap_wake_ups_does_not_trip_the_policy() {
+        // A wake-up cost below two slacks (a same-CPU calibration) once
+        // made the spin window's bounds cross and panic.
+        let load = HostLoad::fixed(100.0);
+        let cheap = Sim {
+            wake: 1_500,
+            wake_cpu: 1_000,
+            late: 500,
+            spin_detect: 300,
+        };
+        let cfg = AdaptiveConfig {
+            wake_cost_ns: 1_500,
+            ..AdaptiveConfig::default()
+        };
+        for gap in [1_000u64, 100_000, 5_000_000] {
+            let (o, _) = cheap.run(PollPolicy::Adaptive(cfg), gap, 500, &load);
+            assert!(o.latency_p50 > 0);
         }
     }
 

@@ -40,7 +40,7 @@ pub struct DaemonConfig {
     pub worker_pool_size: usize,
     pub max_parallel_per_vm: usize,
     pub shutdown_timeout: Duration,
-    /// A CPU cgroup to put each VM's datapath processes under.
+    /// A CPU cgroup to put every VM's datapath processes in.
     pub datapath_cgroup: Option<PathBuf>,
 }
 

@@ -15,14 +15,6 @@ pub const DATAPATH_GROUP: &str = "pvio-datapath";
 pub const CONTROL_SHARES: u32 = 10240;
 /// CPU shares of the datapath group.
 pub const DATAPATH_SHARES: u32 = 1024;
-/// CPU shares of each VM's group inside the datapath group. Only the
-/// ratio between VMs matters for fairness among them (all are equal), but
-/// the absolute value changes how the kernel weighs the datapath against
-/// processes outside both slices: measured on Linux 6.18 with cgroup v1,
-/// children at 1024 let a saturated datapath delay newly started processes
-/// in the root group (a shell's commands) by up to 2.5 s, children at 100
-/// mostly by a few ms (docs/benchmarks.md, control-latency).
-pub const VM_SHARES: u32 = 100;
 
 /// Which cgroup hierarchy holds the CPU controller.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,6 +16,7 @@ pub const GUEST_XS_QUOTA_NODES: u32 = 8192;
 /// disk, so 255 disks need more than Xen's default of 128.
 pub const GUEST_XS_QUOTA_WATCHES: u32 = 1024;
 
+pub mod affinity;
 pub mod cgroup;
 pub mod process;
 pub mod spec;
@@ -44,8 +45,8 @@ pub struct XenopsConfig {
     pub max_parallel_per_vm: usize,
     /// How long a guest may take to shut down before it is killed.
     pub shutdown_timeout: Duration,
-    /// Put each VM's guest and tapdisks in a child of this CPU cgroup
-    /// (None: leave them where the toolstack is).
+    /// Put every VM's guest and tapdisks in this CPU cgroup (None: leave
+    /// them where the toolstack is).
     pub datapath_cgroup: Option<cgroup::CpuGroup>,
 }
 

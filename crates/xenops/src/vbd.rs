@@ -93,6 +93,8 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     if let Some(ns) = ctx.wake_cost_ns {
         cmd.env(pvio_poll::calibrate::WAKE_COST_ENV, ns.to_string());
     }
+    // Every CPU, whatever the toolstack's own affinity (the control slice's).
+    cmd.env(crate::affinity::CPUS_ENV, "all");
     let tapdisk = Proc::spawn(cmd, &log, ctx.cgroup)
         .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
     let t_spawn = t0.elapsed();

@@ -54,8 +54,8 @@ pub struct DaemonArgs {
         value_name = "SECONDS"
     )]
     pub shutdown_timeout_s: u64,
-    /// A CPU cgroup (a directory in the cgroup filesystem) to put each VM's
-    /// guest and tapdisks under.
+    /// A CPU cgroup (a directory in the cgroup filesystem) to put every
+    /// VM's guest and tapdisks in.
     #[arg(long, value_name = "PATH")]
     pub datapath_cgroup: Option<PathBuf>,
     /// The pvio binary that runs tapdisks and guests [default: this one].

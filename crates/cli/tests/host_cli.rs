@@ -93,20 +93,9 @@ impl Host {
     /// Tapdisk and guest processes of this host: (pid, command line).
     fn vm_procs(&self) -> Vec<(u32, String)> {
         let state = self.0.state().display().to_string();
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
-                continue;
-            };
-            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-            if (cmd.contains(" tapdisk ") || cmd.contains(" guest ")) && cmd.contains(&state) {
-                found.push((pid, cmd));
-            }
-        }
-        found
+        processes(|cmd| {
+            (cmd.contains(" tapdisk ") || cmd.contains(" guest ")) && cmd.contains(&state)
+        })
     }
 
     fn vm_processes(&self) -> Vec<String> {
@@ -120,23 +109,15 @@ impl Host {
     /// Pids of this host's hvd, xenstored and toolstackd.
     fn daemon_pids(&self) -> Vec<u32> {
         let sock = self.0.state().join("hvd.sock").display().to_string();
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
-                continue;
-            };
-            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-                continue;
-            };
-            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        processes(|cmd| {
             let daemon = [" hvd ", " xenstored ", " toolstackd "]
                 .iter()
                 .any(|d| cmd.contains(d));
-            if daemon && cmd.contains(&sock) {
-                found.push(pid);
-            }
-        }
-        found
+            daemon && cmd.contains(&sock)
+        })
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect()
     }
 
     /// The datapath cgroup that `host up` put VMs in, if cgroups work here.
@@ -165,6 +146,24 @@ impl Host {
         assert_eq!(self.param(uuid, "power-state"), "halted");
         assert_eq!(self.param(uuid, "dom-id"), "-1");
     }
+}
+
+/// Processes whose command line (arguments joined by spaces) matches.
+fn processes(matches: impl Fn(&str) -> bool) -> Vec<(u32, String)> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if matches(&cmd) {
+            found.push((pid, cmd));
+        }
+    }
+    found
 }
 
 fn pid_cgroup(pid: &str) -> String {

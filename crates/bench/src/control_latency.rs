@@ -97,17 +97,10 @@ fn cli_vm_list(host: &HostProc) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Busy share of all CPUs from /proc/stat between two readings.
-fn cpu_times() -> anyhow::Result<(u64, u64)> {
+/// The first line of /proc/stat.
+fn cpu_times() -> anyhow::Result<pvio_poll::load::CpuTimes> {
     let s = std::fs::read_to_string("/proc/stat")?;
-    let line = s.lines().next().context("empty /proc/stat")?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    Ok((v.iter().sum(), idle))
+    pvio_poll::load::parse_proc_stat(&s).context("no cpu line in /proc/stat")
 }
 
 /// Creates `n` VMs with one disk each running `job`, starts them and
@@ -232,12 +225,7 @@ fn loaded(
     let cli = series(a.cli_samples, interval, || cli_vm_list(&host))?;
     let c1 = cpu_times()?;
     drop(joined);
-    let (total, idle_t) = (c1.0 - c0.0, c1.1 - c0.1);
-    let busy = if total == 0 {
-        0.0
-    } else {
-        ((total - idle_t) as f64 / total as f64 * 1000.0).round() / 10.0
-    };
+    let busy = (1000.0 - f64::from(pvio_poll::load::idle_between(c0, c1)) * 10.0).round() / 10.0;
     drop(host);
     Ok((rpc, cli, busy, idle))
 }

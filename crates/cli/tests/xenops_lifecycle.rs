@@ -68,17 +68,7 @@ impl Host {
             name: name.to_string(),
             memory_mib: 128,
             vcpus: 1,
-            vbds: disks
-                .iter()
-                .enumerate()
-                .map(|(i, p)| VbdSpec {
-                    devid: xvd_devid(i as u32),
-                    image: p.clone(),
-                    writable: true,
-                    attach_delay: Duration::ZERO,
-                    backend_keys: Vec::new(),
-                })
-                .collect(),
+            vbds: pvio_bench::vmhost::VmHost::vbds(disks, Duration::ZERO),
             workload,
         }
     }

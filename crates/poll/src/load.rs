@@ -119,7 +119,11 @@ struct Shared {
 impl Shared {
     /// Notes a question, waking a parked sampler.
     fn ask(&self) {
-        self.asked.store(true, Ordering::Relaxed);
+        // Read first: pollers ask on every idle turn, and a store each time
+        // would bounce the line between a process's queues.
+        if !self.asked.load(Ordering::Relaxed) {
+            self.asked.store(true, Ordering::Relaxed);
+        }
         if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::AcqRel) {
             if let Some(t) = self.sampler.get() {
                 t.unpark();
@@ -298,7 +302,8 @@ impl HostLoad {
 
     /// Sets the pressure figure as one sample would (tests of the gate;
     /// no hold: the next call decides again).
-    pub fn set_pressure_pct(&self, pct: f32) {
+    #[cfg(test)]
+    fn set_pressure_pct(&self, pct: f32) {
         let sh = &self.shared;
         sh.pressure_bits.store(pct.to_bits(), Ordering::Relaxed);
         sh.pressured

@@ -1,14 +1,14 @@
 //! One VM's lifecycle, like xenopsd's VM_start and VM_shutdown:
 //!
-//! * start: CPU cgroup, domain in hvd, xenstore home (with the
+//! * start: the datapath CPU cgroup, domain in hvd, xenstore home (with the
 //!   start-in-progress marker) and XS_INTRODUCE, every VBD plugged in
 //!   parallel (at most `max_parallel_per_vm` of this VM at once and
 //!   `worker_pool_size` host-wide), the guest process, then every frontend
 //!   connected; the marker is removed last.
 //! * teardown (shutdown, and the clean-up of a failed start): ask the guest
 //!   (`control/shutdown`), wait with a deadline, kill it; unplug every VBD
-//!   in parallel; destroy the domain; remove its xenstore nodes; remove its
-//!   cgroup. Teardown works from whatever exists, so a start that failed
+//!   in parallel; destroy the domain; remove its xenstore nodes. Teardown
+//!   works from whatever exists, so a start that failed
 //!   anywhere leaves nothing behind.
 
 use std::cell::{Cell, RefCell};
@@ -23,7 +23,6 @@ use pvio_hv::HvClient;
 use pvio_xenstore::Client;
 use tokio::sync::Semaphore;
 
-use crate::cgroup::CpuGroup;
 use crate::process::{log_tail, Proc};
 use crate::spec::{VbdSpec, VmSpec, Workload};
 use crate::vbd::{self, PlugContext, PluggedVbd};
@@ -63,7 +62,6 @@ pub struct Vm {
     pub busy: Cell<bool>,
     pub domid: Cell<Option<u16>>,
     pub per_vm: Arc<Semaphore>,
-    pub cgroup: RefCell<Option<CpuGroup>>,
     pub vbds: RefCell<BTreeMap<u32, PluggedVbd>>,
     pub guest: RefCell<Option<Proc>>,
 }
@@ -77,7 +75,6 @@ impl Vm {
             busy: Cell::new(true),
             domid: Cell::new(None),
             per_vm: Arc::new(Semaphore::new(cfg.max_parallel_per_vm.max(1))),
-            cgroup: RefCell::new(None),
             vbds: RefCell::new(BTreeMap::new()),
             guest: RefCell::new(None),
         }
@@ -163,7 +160,6 @@ pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
                 ))
             })?;
         }
-        *vm.cgroup.borrow_mut() = Some(dp.clone());
     }
     let frames = spec.memory_mib * 256;
     let t0 = std::time::Instant::now();
@@ -220,14 +216,13 @@ pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(),
             // holds a host-wide worker.
             let _vm_slot = per_vm.acquire_owned().await.ok();
             let _worker = pool.acquire_owned().await.ok();
-            let cgroup = vm.cgroup.borrow().clone();
             let pctx = PlugContext {
                 xs: &xs,
                 pvio_bin: &cfg.pvio_bin,
                 hvd_socket: &cfg.hvd_socket,
                 xenstore_socket: &cfg.xenstore_socket,
                 dir: &vm.dir,
-                cgroup: cgroup.as_ref(),
+                cgroup: cfg.datapath_cgroup.as_ref(),
                 domid,
                 wake_cost_ns: ctx.conn.wake_cost_ns,
             };
@@ -309,8 +304,12 @@ fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, Xenop
             .arg(b.depth.to_string()),
         Workload::Nbd(p) => cmd.arg("--nbd").arg(p),
     };
-    let cgroup = vm.cgroup.borrow().clone();
-    Proc::spawn(cmd, &vm.dir.join("guest.log"), cgroup.as_ref()).map_err(|e| XenopsError::Guest {
+    Proc::spawn(
+        cmd,
+        &vm.dir.join("guest.log"),
+        ctx.cfg.datapath_cgroup.as_ref(),
+    )
+    .map_err(|e| XenopsError::Guest {
         vm: vm.spec.name.clone(),
         reason: format!("cannot start the guest process: {e}"),
     })
@@ -495,6 +494,5 @@ pub async fn teardown(ctx: &Ctx, vm: &Rc<Vm>, ask: bool) {
             tracing::warn!(vm = %name, "removing the domain's xenstore nodes: {e}");
         }
     }
-    vm.cgroup.borrow_mut().take();
     tracing::info!(vm = %name, clean, "stopped");
 }

@@ -161,12 +161,22 @@ impl MiniHost {
 
     /// Starts `pvio tapdisk` for a VBD.
     pub fn start_tapdisk(&self, vbd: &Vbd, extra: &[&str]) -> anyhow::Result<ChildGuard> {
+        let child = self
+            .tapdisk_command(vbd, extra)?
+            .spawn()
+            .context("starting pvio tapdisk")?;
+        Ok(ChildGuard(child))
+    }
+
+    /// The `pvio tapdisk` command line for a VBD, with `extra` arguments
+    /// (the caller may add environment, such as `PVIO_CPUS`, and spawn it).
+    pub fn tapdisk_command(&self, vbd: &Vbd, extra: &[&str]) -> anyhow::Result<Command> {
         let stats = self
             .dir
             .0
             .join(format!("tapdisk-{}-{}.json", vbd.domid, vbd.devid));
-        let child = Command::new(pvio_exe()?)
-            .arg("tapdisk")
+        let mut c = Command::new(pvio_exe()?);
+        c.arg("tapdisk")
             .arg("--backend")
             .arg(&vbd.backend)
             .arg("--hvd-socket")
@@ -180,10 +190,8 @@ impl MiniHost {
                 "PVIO_LOG",
                 std::env::var("PVIO_LOG").unwrap_or_else(|_| "warn".into()),
             )
-            .stdin(Stdio::null())
-            .spawn()
-            .context("starting pvio tapdisk")?;
-        Ok(ChildGuard(child))
+            .stdin(Stdio::null());
+        Ok(c)
     }
 
     /// The stats file a tapdisk started by [`MiniHost::start_tapdisk`] writes.

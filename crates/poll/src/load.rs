@@ -7,12 +7,22 @@
 //!   `100 × Δidle / Δtotal`, where only the 4th field counts as idle (iowait
 //!   counts as busy). Until the first period has passed it reads 0, so, as
 //!   with tapdisk3 without cpumond, no polling starts.
-//! * **contention**: more runnable tasks than CPUs right now (the `running`
-//!   field of `/proc/loadavg`), the userspace analogue of KVM halt-polling's
-//!   "only if nothing else is runnable". It is what the adaptive policy uses:
-//!   on a host where guests and backends share CPUs, the pollers themselves
-//!   make idle % read low, but they only deprive someone when tasks queue.
-//!   Queues that come and go faster than one look can catch show in the
+//! * **contention**: other tasks took the poller's own CPU while it was
+//!   runnable — the time the poller thread spent waiting on a run queue
+//!   (`/proc/thread-self/schedstat`, its run delay), looked at every 2 ms,
+//!   was at least [`CROWDED_PCT`] of the time since the last look — the
+//!   userspace analogue of KVM halt-polling's "only if nothing else is
+//!   runnable on this CPU". It is what the adaptive policy uses: on a host
+//!   where guests and backends share CPUs, the pollers themselves make
+//!   idle % read low, but they only deprive someone when a task queues
+//!   behind them. Two signals were tried first and dropped: a host-wide
+//!   count of runnable tasks (`/proc/loadavg`: with a guest and its tapdisk
+//!   polling on the two CPUs of this machine, any kernel worker running
+//!   for a moment anywhere made it read 3 > 2, and the frontend refused
+//!   nine polls in ten at queue depth 1), and the thread's involuntary
+//!   context switches (`rcu_preempt` and `ksoftirqd` preempt a spinning
+//!   thread 50–80 times a second for a few µs each, which refused a third
+//!   of the polls at queue depth 32). Storms that move from CPU to CPU show in the
 //!   kernel's CPU pressure (`/proc/pressure/cpu`, the share of time some
 //!   task waited for a CPU), sampled every 100 ms: once a sample reaches
 //!   [`PRESSURE_LIMIT_PCT`] the host counts as contended for a second, and
@@ -22,13 +32,18 @@
 //!   there polling only takes CPU from the others (50 VMs booted in
 //!   14.0 s with polling before this gate, 12.2 s with polling off).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// CPU pressure (% of time some task waited for a CPU over the last
 /// sample) at which pollers stand back.
 pub const PRESSURE_LIMIT_PCT: f32 = 50.0;
+
+/// Share of its time a poller thread may wait for its CPU before it counts
+/// as contended (kernel threads that run a few µs now and then stay far
+/// below; a task sharing its CPU takes half of it).
+pub const CROWDED_PCT: u64 = 20;
 
 /// How often CPU pressure is sampled.
 const PRESSURE_PERIOD: Duration = Duration::from_millis(100);
@@ -90,10 +105,31 @@ pub fn parse_psi_some_total(text: &str) -> Option<u64> {
         .ok()
 }
 
-/// Parses the runnable-task count from `/proc/loadavg` (`0.10 0.20 0.30 3/456 789`).
-pub fn parse_loadavg_running(text: &str) -> Option<u32> {
-    let f = text.split_whitespace().nth(3)?;
-    f.split('/').next()?.parse().ok()
+/// Parses the run delay (ns spent runnable but waiting for a CPU) from a
+/// task's `schedstat` (`<run ns> <run delay ns> <timeslices>`).
+pub fn parse_schedstat_delay(text: &str) -> Option<u64> {
+    text.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A thread's last look at its own run delay.
+struct CrowdCheck {
+    /// `/proc/thread-self/schedstat`, opened by (and so naming) the thread.
+    file: std::fs::File,
+    at_ns: u64,
+    delay_ns: u64,
+    contended: bool,
+}
+
+thread_local! {
+    static CROWD: std::cell::RefCell<Option<CrowdCheck>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The calling thread's run delay so far, through its open schedstat file.
+fn read_delay(file: &std::fs::File) -> Option<u64> {
+    let mut buf = [0u8; 96];
+    let n = rustix::io::pread(file, &mut buf, 0).ok()?;
+    parse_schedstat_delay(std::str::from_utf8(&buf[..n]).ok()?)
 }
 
 struct Shared {
@@ -103,8 +139,6 @@ struct Shared {
     pressure_bits: AtomicU32,
     /// Pressure reached the limit within the last [`PRESSURE_HOLD`].
     pressured: AtomicBool,
-    checked_ns: AtomicU64,
-    contended: AtomicBool,
     cpus: u32,
     recheck_ns: u64,
     stop: AtomicBool,
@@ -135,8 +169,9 @@ impl Shared {
 /// The sampler parks after this long without a question.
 const PARK_AFTER: Duration = Duration::from_secs(1);
 
-/// The host's load, sampled like cpumond (a background thread) and checked
-/// for contention on demand (at most once every 2 ms).
+/// The host's load, sampled like cpumond (a background thread), and the
+/// calling thread's own contention, checked on demand (at most once every
+/// 2 ms per thread).
 #[derive(Clone)]
 pub struct HostLoad {
     shared: Arc<Shared>,
@@ -165,8 +200,6 @@ impl HostLoad {
             // Until the first sample, pressure is unknown: stand back (a
             // VM started in a storm must not poll before it can tell).
             pressured: AtomicBool::new(psi),
-            checked_ns: AtomicU64::new(0),
-            contended: AtomicBool::new(false),
             cpus,
             recheck_ns: 2_000_000,
             stop: AtomicBool::new(false),
@@ -272,8 +305,6 @@ impl HostLoad {
                 idle_bits: AtomicU32::new(idle_pct.to_bits()),
                 pressure_bits: AtomicU32::new(0f32.to_bits()),
                 pressured: AtomicBool::new(false),
-                checked_ns: AtomicU64::new(u64::MAX),
-                contended: AtomicBool::new(false),
                 cpus: 1,
                 recheck_ns: u64::MAX,
                 stop: AtomicBool::new(true),
@@ -311,6 +342,48 @@ impl HostLoad {
     }
 }
 
+impl HostLoad {
+    /// Whether the calling thread waited for its CPU for at least
+    /// [`CROWDED_PCT`] of the time between its last two looks (looks at
+    /// most every 2 ms; the answer holds until the next look).
+    fn crowded(&self, now_ns: u64) -> bool {
+        let recheck = self.shared.recheck_ns;
+        if recheck == u64::MAX {
+            return false;
+        }
+        CROWD.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if let Some(c) = cell.as_mut() {
+                let dt = now_ns.saturating_sub(c.at_ns);
+                if dt < recheck {
+                    return c.contended;
+                }
+                let Some(delay) = read_delay(&c.file) else {
+                    return false;
+                };
+                c.contended = delay.saturating_sub(c.delay_ns) * 100 >= dt * CROWDED_PCT;
+                c.at_ns = now_ns;
+                c.delay_ns = delay;
+                return c.contended;
+            }
+            // First look: no interval yet.
+            let Ok(file) = std::fs::File::open("/proc/thread-self/schedstat") else {
+                return false;
+            };
+            let Some(delay) = read_delay(&file) else {
+                return false;
+            };
+            *cell = Some(CrowdCheck {
+                file,
+                at_ns: now_ns,
+                delay_ns: delay,
+                contended: false,
+            });
+            false
+        })
+    }
+}
+
 impl Drop for HostLoad {
     fn drop(&mut self) {
         if Arc::strong_count(&self.shared) == 1 {
@@ -334,16 +407,7 @@ impl LoadView for HostLoad {
         if sh.pressured.load(Ordering::Relaxed) {
             return true;
         }
-        let last = sh.checked_ns.load(Ordering::Relaxed);
-        if last != u64::MAX && now_ns.saturating_sub(last) >= sh.recheck_ns {
-            sh.checked_ns.store(now_ns, Ordering::Relaxed);
-            let running = std::fs::read_to_string("/proc/loadavg")
-                .ok()
-                .and_then(|t| parse_loadavg_running(&t))
-                .unwrap_or(0);
-            sh.contended.store(running > sh.cpus, Ordering::Relaxed);
-        }
-        sh.contended.load(Ordering::Relaxed)
+        self.crowded(now_ns)
     }
 }
 
@@ -372,13 +436,57 @@ mod tests {
         assert!(parse_proc_stat("nothing").is_none());
     }
 
+    fn pin_to_cpu0() {
+        let mut set = rustix::thread::CpuSet::new();
+        set.set(0);
+        rustix::thread::sched_setaffinity(None, &set).unwrap();
+    }
+
     #[test]
-    fn parses_loadavg() {
-        assert_eq!(
-            parse_loadavg_running("0.00 0.01 0.05 3/123 4567\n"),
-            Some(3)
-        );
-        assert_eq!(parse_loadavg_running("garbage"), None);
+    fn threads_sharing_a_cpu_see_each_other_and_a_sleeper_sees_nobody() {
+        let h = HostLoad::start(Duration::from_secs(1));
+        // Two threads spinning on one CPU take turns: each waits for the
+        // CPU half the time.
+        let seen = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+        let spinner = |h: HostLoad, me: usize| {
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                pin_to_cpu0();
+                // Both keep spinning until both have seen the other.
+                let end = std::time::Instant::now() + Duration::from_secs(20);
+                while std::time::Instant::now() < end
+                    && !(seen[0].load(Ordering::Relaxed) && seen[1].load(Ordering::Relaxed))
+                {
+                    if h.crowded(crate::now_ns()) {
+                        seen[me].store(true, Ordering::Relaxed);
+                    }
+                    std::hint::spin_loop();
+                }
+                seen[me].load(Ordering::Relaxed)
+            })
+        };
+        let (a, b) = (spinner(h.clone(), 0), spinner(h.clone(), 1));
+        assert!(a.join().unwrap(), "first spinner never saw the second");
+        assert!(b.join().unwrap(), "second spinner never saw the first");
+        // A thread that sleeps between looks waits for nobody.
+        let h2 = h.clone();
+        let sleeper = std::thread::spawn(move || {
+            let mut seen = 0;
+            for _ in 0..20 {
+                std::thread::sleep(Duration::from_millis(3));
+                seen += usize::from(h2.crowded(crate::now_ns()));
+            }
+            seen
+        });
+        assert!(sleeper.join().unwrap() <= 1);
+        let f = HostLoad::fixed(100.0);
+        assert!(!f.contended(crate::now_ns()));
+    }
+
+    #[test]
+    fn parses_schedstat() {
+        assert_eq!(parse_schedstat_delay("690330 1234 2\n"), Some(1234));
+        assert_eq!(parse_schedstat_delay("690330\n"), None);
     }
 
     #[test]

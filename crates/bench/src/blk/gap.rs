@@ -13,7 +13,7 @@
 use std::os::fd::AsFd;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use pvio_abi::blkif::{Blkif, BlkifRequest, BlkifResponse, BLKIF_OP_READ, BLKIF_RSP_OKAY};
 use pvio_blk::back::waiter::Waiter;
 use pvio_hv::HvClient;
@@ -102,15 +102,44 @@ pub fn frontend_main(a: GapFrontendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs one (gap, policy) point against the hvd at `socket`.
-pub fn point(
+/// What one run of a (gap, policy) point measured: the pickup latencies
+/// after the warm-up, and the backend's CPU time over them.
+pub struct GapRun {
+    pub latency: hdrhistogram::Histogram<u64>,
+    pub cpu_ns: u64,
+}
+
+impl GapPoint {
+    /// The point made of several runs' measurements.
+    pub fn from_runs(gap_us: u64, mode: &str, runs: &[GapRun]) -> anyhow::Result<Self> {
+        let mut h = latency_histogram();
+        let mut cpu = 0;
+        for r in runs {
+            h.add(&r.latency)?;
+            cpu += r.cpu_ns;
+        }
+        let measured = h.len().max(1);
+        Ok(GapPoint {
+            gap_us,
+            mode: mode.to_string(),
+            latency_us_p50: h.value_at_quantile(0.5) as f64 / 1000.0,
+            latency_us_p99: h.value_at_quantile(0.99) as f64 / 1000.0,
+            cpu_us_per_req: cpu as f64 / 1000.0 / measured as f64,
+            requests: measured,
+        })
+    }
+}
+
+/// Runs `count` requests of one (gap, policy) point against the hvd at
+/// `socket` (the first tenth, at least 20, is a warm-up and not measured).
+pub fn run(
     socket: &std::path::Path,
     policy: PollPolicy,
     load: &HostLoad,
     gap_us: u64,
     count: u64,
     pin: bool,
-) -> anyhow::Result<GapPoint> {
+) -> anyhow::Result<GapRun> {
     let host = HvClient::connect_host(socket)?;
     let mut args = vec![
         "internal".to_string(),
@@ -147,7 +176,8 @@ pub fn point(
             let stop = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC)?;
             let mut waiter = Waiter::new(policy, load);
             let mut h = latency_histogram();
-            let warm = count / 10;
+            // The first requests teach the poller the rhythm; not measured.
+            let warm = (count / 10).max(20).min(count / 2);
             let mut served = 0u64;
             let mut cpu0 = 0;
             while served < count {
@@ -191,14 +221,8 @@ pub fn point(
     child.finish()?;
     host.unmap_grants(&[mapped[0].handle])?;
     let _ = started;
-    let measured = h.len().max(1);
-    Ok::<_, anyhow::Error>(GapPoint {
-        gap_us,
-        mode: policy.name().to_string(),
-        latency_us_p50: h.value_at_quantile(0.5) as f64 / 1000.0,
-        latency_us_p99: h.value_at_quantile(0.99) as f64 / 1000.0,
-        cpu_us_per_req: cpu as f64 / 1000.0 / measured as f64,
-        requests: measured,
+    Ok(GapRun {
+        latency: h,
+        cpu_ns: cpu,
     })
-    .context("gap point")
 }

@@ -6,10 +6,14 @@
 //!    tapdisk, with polling `off` (both ends block on event channels),
 //!    `tapdisk3` (XenServer's rule in the backend: a 1000 µs sliding window,
 //!    only when the host is more than 50 % idle; the frontend blocks, as
-//!    Linux blkfront does) and `adaptive` (pvio's poller at both ends).
+//!    Linux blkfront does) and `adaptive` (pvio's poller at both ends) —
+//!    fio and the modes taking turns over `--rounds` rounds, so a drift in
+//!    the disk's speed weighs on all alike. The tapdisk runs on CPU 0 and
+//!    the guest on the others (`--placement split`): on Xen a guest's vCPU
+//!    and dom0's are distinct, so every notification wakes another CPU.
 //! 2. **Gap sweep** ([`gap`]): pickup latency and backend CPU per request
 //!    for requests 1 µs to 5 ms apart, for `off`, a pure `spin`,
-//!    `tapdisk3` and `adaptive`.
+//!    `tapdisk3` and `adaptive`, in three interleaved rounds.
 //! 3. **Idle cost**: backend CPU over 5 s while a connected guest is idle
 //!    after load.
 //! 4. **Request splitting** (seed 004): random reads of S bytes
@@ -70,6 +74,49 @@ pub struct Args {
     /// Run only these parts (comma-separated: qd1, qd32, gap, idle, split).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Where the guest and its tapdisk run: `split` (the tapdisk on the
+    /// first CPU, the guest on the others: a guest's vCPU and dom0's are
+    /// distinct on Xen, so every notification wakes another CPU, as in the
+    /// gap sweep) or `free` (the scheduler places both).
+    #[arg(long, default_value = "split")]
+    pub placement: Placement,
+    /// pvio modes of the QD1/QD32 phase (comma-separated: off, tapdisk3,
+    /// adaptive, spin); `adaptive` and `off` are needed for the ratios.
+    #[arg(long, value_delimiter = ',', default_value = "off,tapdisk3,adaptive", value_parser = parse_mode)]
+    pub modes: Vec<&'static str>,
+    /// Rounds of the QD1/QD32 phase: fio and every mode take turns this
+    /// many times, `--runtime` divided among the rounds, so a drift of the
+    /// disk's speed during the run weighs on all of them alike.
+    #[arg(long)]
+    pub rounds: Option<u32>,
+}
+
+/// Where the guest and its tapdisk run during the QD1/QD32, idle and split
+/// phases (the gap sweep always splits them).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// tapdisk (dom0) on CPU 0, the guest on CPUs 1.. (one CPU: both on it).
+    Split,
+    /// No pinning.
+    Free,
+}
+
+impl Placement {
+    /// The `PVIO_CPUS` lists of the tapdisk and the guest.
+    fn cpus(self) -> (Option<String>, Option<String>) {
+        let n = cpus();
+        match self {
+            Placement::Split if n >= 2 => (Some("0".into()), Some(format!("1-{}", n - 1))),
+            _ => (None, None),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Placement::Split => "split",
+            Placement::Free => "free",
+        }
+    }
 }
 
 impl Args {
@@ -78,20 +125,57 @@ impl Args {
     }
 }
 
-/// The backend and frontend policies of one pvio mode.
-fn modes() -> Vec<(&'static str, &'static str, &'static str)> {
-    // (name, backend pvio-polling, frontend --polling)
-    vec![
-        ("off", "off", "off"),
-        ("tapdisk3", "tapdisk3", "off"),
-        ("adaptive", "adaptive", "adaptive"),
-    ]
+/// A pvio polling mode of the QD1/QD32 phase: its name, the backend's
+/// `pvio-polling` and the frontend's `--polling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mode {
+    name: &'static str,
+    backend: &'static str,
+    frontend: &'static str,
+}
+
+/// The modes `--modes` may name: `off` (both ends block on event channels),
+/// `tapdisk3` (XenServer's rule in the backend; the frontend blocks, as
+/// Linux blkfront does), `adaptive` (pvio's poller at both ends) and
+/// `spin` (both ends always poll: the latency floor, at a core each).
+const MODES: [Mode; 4] = [
+    Mode {
+        name: "off",
+        backend: "off",
+        frontend: "off",
+    },
+    Mode {
+        name: "tapdisk3",
+        backend: "tapdisk3",
+        frontend: "off",
+    },
+    Mode {
+        name: "adaptive",
+        backend: "adaptive",
+        frontend: "adaptive",
+    },
+    Mode {
+        name: "spin",
+        backend: "spin",
+        frontend: "spin",
+    },
+];
+
+fn parse_mode(s: &str) -> Result<&'static str, String> {
+    MODES
+        .iter()
+        .find(|m| m.name == s)
+        .map(|m| m.name)
+        .ok_or_else(|| format!("unknown mode {s:?} (expected off, tapdisk3, adaptive or spin)"))
 }
 
 struct Run<'a> {
     host: &'a MiniHost,
     image: PathBuf,
     verbose: bool,
+    /// `PVIO_CPUS` of the tapdisks and of the guests.
+    tapdisk_cpus: Option<String>,
+    guest_cpus: Option<String>,
 }
 
 impl Run<'_> {
@@ -124,13 +208,26 @@ impl Run<'_> {
         let vbd = self
             .host
             .add_vbd(d.domid, xvd_devid(0), &self.image, false, &keys)?;
-        let tap = self.host.start_tapdisk(&vbd, tapdisk_args)?;
+        let mut cmd = self.host.tapdisk_command(&vbd, tapdisk_args)?;
+        if let Some(c) = &self.tapdisk_cpus {
+            cmd.env(pvio_xenops::affinity::CPUS_ENV, c);
+        }
+        let tap = crate::procs::ChildGuard(cmd.spawn().context("starting pvio tapdisk")?);
         self.host.wait_for_value(
             &format!("{}/state", vbd.backend),
             "2",
             Duration::from_secs(30),
         )?;
         Ok((d, vbd, tap))
+    }
+
+    /// The `pvio guest` command for `d`, placed.
+    fn guest(&self, d: &pvio_hv::CreatedDomain) -> anyhow::Result<std::process::Command> {
+        let mut c = self.host.guest_command(d)?;
+        if let Some(cpus) = &self.guest_cpus {
+            c.env(pvio_xenops::affinity::CPUS_ENV, cpus);
+        }
+        Ok(c)
     }
 
     /// Runs a guest job; returns its report.
@@ -141,8 +238,7 @@ impl Run<'_> {
         frontend_polling: &str,
     ) -> anyhow::Result<serde_json::Value> {
         let out = self
-            .host
-            .guest_command(d)?
+            .guest(d)?
             .args(["--job", job, "--json", "--polling", frontend_polling])
             .stdin(Stdio::null())
             .stderr(if std::env::var_os("PVIO_BENCH_DEBUG").is_some() {
@@ -219,50 +315,94 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             make_image(&host.dir.0, "bench.img", mib << 20)?
         }
     };
+    let (tapdisk_cpus, guest_cpus) = args.placement.cpus();
     let r = Run {
         host: &host,
         image: image.clone(),
         verbose,
+        tapdisk_cpus,
+        guest_cpus,
     };
     let load = HostLoad::start(Duration::from_secs(1));
 
-    // 1. QD1 and QD32.
+    // 1. QD1 and QD32, fio and the modes taking turns.
+    let rounds = args.rounds.unwrap_or(if q { 2 } else { 4 }).max(1);
+    let turn = runtime / f64::from(rounds);
+    let modes: Vec<Mode> = MODES
+        .iter()
+        .filter(|m| args.modes.contains(&m.name))
+        .copied()
+        .collect();
     let mut qd = serde_json::Map::new();
     let mut text = String::new();
     for depth in [1u32, 32] {
         if !args.wants(&format!("qd{depth}")) {
             continue;
         }
-        r.say(&format!("fio 4k randread QD{depth}, {runtime} s"));
-        let f = fio::randread(&image, 4096, depth, runtime)?;
-        let mut row = serde_json::Map::new();
-        row.insert("fio_iops".into(), json!(f.iops.round()));
-        let mut line = format!("QD{depth:<3} 4k randread   fio {:>8.0}", f.iops);
-        for (name, be, fe) in modes() {
-            r.say(&format!("pvio {name} QD{depth}, {runtime} s"));
-            let (d, _vbd, tap) = r.disk(&format!("qd{depth}-{name}"), be, &[], &[])?;
-            // size= caps the bytes moved: out of reach, so the run is
-            // time-based like fio's --time_based.
-            let job = format!(
-                "rw=randread,bs=4k,iodepth={depth},size=64t,runtime={}ms",
-                (runtime * 1000.0) as u64
-            );
-            let rep = r.job(&d, &job, fe)?;
-            r.finish(d, tap);
-            let iops = read_iops(&rep);
-            row.insert(format!("{name}_iops"), json!(iops.round()));
-            line.push_str(&format!("   {name} {iops:>8.0}"));
+        // IOPS per round, fio first, then each mode.
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); modes.len() + 1];
+        for round in 1..=rounds {
+            r.say(&format!(
+                "QD{depth} round {round}/{rounds}: fio 4k randread, {turn:.1} s"
+            ));
+            samples[0].push(fio::randread(&image, 4096, depth, turn)?.iops);
+            for (i, m) in modes.iter().enumerate() {
+                r.say(&format!(
+                    "QD{depth} round {round}/{rounds}: pvio {}, {turn:.1} s",
+                    m.name
+                ));
+                let (d, _vbd, tap) = r.disk(
+                    &format!("qd{depth}-{}-{round}", m.name),
+                    m.backend,
+                    &[],
+                    &[],
+                )?;
+                // size= caps the bytes moved: out of reach, so the run is
+                // time-based like fio's --time_based.
+                let job = format!(
+                    "rw=randread,bs=4k,iodepth={depth},size=64t,runtime={}ms",
+                    (turn * 1000.0) as u64
+                );
+                let rep = r.job(&d, &job, m.frontend)?;
+                r.finish(d, tap);
+                samples[i + 1].push(read_iops(&rep));
+            }
         }
-        let ad = row["adaptive_iops"].as_f64().unwrap_or(0.0);
-        row.insert("adaptive_vs_fio".into(), json!(ratio(ad, f.iops)));
-        row.insert(
-            "adaptive_vs_off".into(),
-            json!(ratio(ad, row["off_iops"].as_f64().unwrap_or(0.0))),
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let fio_iops = mean(&samples[0]);
+        let mut row = serde_json::Map::new();
+        row.insert("fio_iops".into(), json!(fio_iops.round()));
+        let mut line = format!("QD{depth:<3} 4k randread   fio {fio_iops:>8.0}");
+        let mut per_round = serde_json::Map::new();
+        per_round.insert(
+            "fio".into(),
+            json!(samples[0].iter().map(|x| x.round()).collect::<Vec<_>>()),
         );
-        text.push_str(&format!(
-            "{line}   (adaptive/fio {:?}, adaptive/off {:?})\n",
-            row["adaptive_vs_fio"], row["adaptive_vs_off"]
-        ));
+        for (i, m) in modes.iter().enumerate() {
+            let iops = mean(&samples[i + 1]);
+            row.insert(format!("{}_iops", m.name), json!(iops.round()));
+            per_round.insert(
+                m.name.into(),
+                json!(samples[i + 1].iter().map(|x| x.round()).collect::<Vec<_>>()),
+            );
+            line.push_str(&format!("   {} {iops:>8.0}", m.name));
+        }
+        if let Some(ad) = row.get("adaptive_iops").and_then(|v| v.as_f64()) {
+            row.insert("adaptive_vs_fio".into(), json!(ratio(ad, fio_iops)));
+            if let Some(off) = row.get("off_iops").and_then(|v| v.as_f64()) {
+                row.insert("adaptive_vs_off".into(), json!(ratio(ad, off)));
+            }
+            line.push_str(&format!(
+                "   (adaptive/fio {:.2}, adaptive/off {:.2})",
+                row["adaptive_vs_fio"].as_f64().unwrap_or(0.0),
+                row.get("adaptive_vs_off")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0)
+            ));
+        }
+        row.insert("rounds".into(), serde_json::Value::Object(per_round));
+        text.push_str(&line);
+        text.push('\n');
         qd.insert(format!("qd{depth}_4k"), serde_json::Value::Object(row));
     }
 
@@ -286,22 +426,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         } else {
             &[1, 10, 50, 200, 1000, 5000]
         };
-        let budget = if q { 0.25 } else { 1.5 };
+        // Seconds of requests per point, and rounds: every policy takes a
+        // turn at a gap before any takes its second, so a change in how
+        // fast this VM's CPUs see each other's writes (0.2 µs or 0.6 µs,
+        // it moves now and then) weighs on all policies alike.
+        let (budget, rounds) = if q { (0.25, 1) } else { (2.0, 3) };
         for &g in gaps {
-            for p in policies {
-                let count = ((budget * 1e6 / (g as f64 + 60.0)) as u64).clamp(60, 20_000);
-                r.say(&format!(
-                    "gap sweep: {g} µs, {}, {count} requests",
-                    p.name()
-                ));
-                gap_points.push(gap::point(
-                    &host.hvd_socket,
-                    p,
-                    &load,
-                    g,
-                    count,
-                    cpus() >= 2,
-                )?);
+            let count = ((budget * 1e6 / (g as f64 + 60.0)) as u64).clamp(60, 20_000);
+            let per_round = count.div_ceil(rounds).max(40);
+            let mut runs: Vec<Vec<gap::GapRun>> = policies.iter().map(|_| Vec::new()).collect();
+            for round in 1..=rounds {
+                for (i, p) in policies.iter().enumerate() {
+                    r.say(&format!(
+                        "gap sweep: {g} µs, {}, round {round}/{rounds}, {per_round} requests",
+                        p.name()
+                    ));
+                    runs[i].push(gap::run(
+                        &host.hvd_socket,
+                        *p,
+                        &load,
+                        g,
+                        per_round,
+                        cpus() >= 2,
+                    )?);
+                }
+            }
+            for (p, runs) in policies.iter().zip(&runs) {
+                gap_points.push(gap::GapPoint::from_runs(g, p.name(), runs)?);
             }
         }
         text.push_str(&format!(
@@ -358,8 +509,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         r.say("idle backend CPU: 5 s of an idle, connected guest after load");
         let (d, _vbd, tap) = r.disk("idle", "adaptive", &[], &[])?;
         let mut guest = r
-            .host
-            .guest_command(&d)?
+            .guest(&d)?
             .args([
                 "--job",
                 "rw=randread,bs=4k,iodepth=1,runtime=1s",
@@ -520,6 +670,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     out.insert("runtime_s".into(), json!(runtime));
     out.insert("image".into(), json!(image.display().to_string()));
     out.insert("cpus".into(), json!(cpus()));
+    out.insert("placement".into(), json!(args.placement.name()));
     let value = serde_json::Value::Object(out);
     std::fs::write(
         args.out.join("blk.json"),

@@ -274,16 +274,20 @@ impl Queue {
 
     fn run(&mut self) -> Result<(), QueueError> {
         loop {
-            let mut work = false;
+            let mut served = 0usize;
             if self.engine.in_flight() > 0 && self.engine.has_completions() {
                 let mut done = std::mem::take(&mut self.completions);
                 self.engine.reap(&mut done)?;
+                served += done.len();
                 for c in done.drain(..) {
                     self.complete(c);
                 }
                 self.completions = done;
-                work = true;
+                // Answer before looking for more: the frontend may be
+                // waiting on these to send its next requests.
+                self.publish_responses()?;
             }
+            let mut work = served > 0;
             if let Some(slot) = self.barrier {
                 if self.in_flight() == 1 && self.parts.is_empty() {
                     self.barrier = None;
@@ -295,8 +299,13 @@ impl Queue {
                 while !self.free_slots.is_empty() {
                     match self.ring.take_request()? {
                         Some(slot) => {
-                            work = true;
+                            served += 1;
                             self.start(slot);
+                            // Hand it to the disk now, not after the whole
+                            // batch is parsed: a disk that serves its queue
+                            // in batches starts on it while we parse the
+                            // rest (QD32 reads: +20%).
+                            self.pump()?;
                             if self.barrier.is_some() {
                                 break;
                             }
@@ -305,14 +314,12 @@ impl Queue {
                     }
                 }
             }
-            self.pump()?;
-            if self.responses > 0 {
-                self.responses = 0;
-                if self.ring.push_responses_and_check_notify() {
-                    self.chan.notify()?;
-                    QueueMetrics::add(&self.metrics.events_sent, 1);
-                }
+            work |= served > 0;
+            if served > 0 {
+                self.waiter.served(served);
             }
+            self.pump()?;
+            self.publish_responses()?;
             if self.stop.requested() {
                 self.stopping = true;
                 if self.in_flight() == 0 {
@@ -323,6 +330,19 @@ impl Queue {
                 self.idle()?;
             }
         }
+    }
+
+    /// Makes the responses pushed so far visible, notifying the frontend
+    /// if it asked to be.
+    fn publish_responses(&mut self) -> Result<(), QueueError> {
+        if self.responses > 0 {
+            self.responses = 0;
+            if self.ring.push_responses_and_check_notify() {
+                self.chan.notify()?;
+                QueueMetrics::add(&self.metrics.events_sent, 1);
+            }
+        }
+        Ok(())
     }
 
     /// Hands queued parts to the engine while it has room.

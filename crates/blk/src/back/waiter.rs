@@ -48,6 +48,8 @@ pub struct Waiter {
     io: Poller,
     load: HostLoad,
     suppressed: bool,
+    /// The last pickup was made waiting for I/O (else for requests).
+    last_io: bool,
 }
 
 impl Waiter {
@@ -58,6 +60,7 @@ impl Waiter {
             io: Poller::new(policy),
             load,
             suppressed: false,
+            last_io: false,
         }
     }
 
@@ -78,8 +81,19 @@ impl Waiter {
     }
 
     fn arrived(&mut self, io: bool, now: u64, how: Pickup) {
+        self.last_io = io;
         let p = if io { &mut self.io } else { &mut self.req };
         p.arrived(now, how, &self.load);
+    }
+
+    /// The queue handled `n` items (requests taken, completions reaped)
+    /// since its last pickup: they count towards that pickup's batch.
+    pub fn served(&mut self, n: usize) {
+        if self.last_io {
+            self.io.served(n);
+        } else {
+            self.req.served(n);
+        }
     }
 
     /// Waits once for work: returns after spinning until work or the

@@ -372,6 +372,7 @@ impl BlockDevice for BlkQueue {
         loop {
             let n = self.poll(out)?;
             if n > 0 {
+                self.poller.served(n);
                 return Ok(n);
             }
             if Self::in_flight(&shared.lock()) == 0 {
@@ -493,6 +494,7 @@ impl Drop for BlkQueue {
             spin_us = s.spin_ns / 1000,
             busy_refusals = s.busy_refusals,
             gap = ?self.poller.learned_gap(),
+            batch = self.poller.learned_batch(),
             "frontend queue polling"
         );
     }

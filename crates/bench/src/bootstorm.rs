@@ -49,6 +49,10 @@ pub struct Args {
     /// How long a VM may take to become ready.
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// Leave the VMs' processes wherever the scheduler puts them (for
+    /// comparison; see `pvio host up --no-vm-placement`).
+    #[arg(long)]
+    pub no_vm_placement: bool,
 }
 
 /// One VM's boot.
@@ -133,7 +137,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if a.vms == 0 || a.batch == 0 {
         bail!("--vms and --batch must be positive");
     }
-    let host = VmHost::start("bootstorm")?;
+    let mut host = VmHost::start("bootstorm")?;
+    host.placement = !a.no_vm_placement;
     // One disk per VM: a base image copied (copy_file_range) per VM.
     let base = host.images("base", 1, u64::from(a.boot_mib))?.remove(0);
     eprintln!("creating {} disks of {} MiB", a.vms + 1, a.boot_mib);
@@ -242,6 +247,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "boot_mib": a.boot_mib,
         "boot_bs": a.boot_bs,
         "boot_depth": a.boot_depth,
+        "vm_placement": !a.no_vm_placement,
         "alone_s": alone,
         "total_s": total_s,
         "per_vm_s": per_vm_s,

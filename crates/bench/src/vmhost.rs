@@ -18,6 +18,9 @@ pub struct VmHost {
     pub rt: tokio::runtime::Runtime,
     /// This host's datapath group (removed on drop when empty).
     pub cgroup: Option<CpuGroup>,
+    /// Engines place VMs on their CPUs under contention
+    /// ([`pvio_xenops::placement`]); on by default, as in `pvio host up`.
+    pub placement: bool,
 }
 
 impl VmHost {
@@ -36,7 +39,12 @@ impl VmHost {
             .worker_threads(1)
             .enable_all()
             .build()?;
-        Ok(Self { mini, rt, cgroup })
+        Ok(Self {
+            mini,
+            rt,
+            cgroup,
+            placement: true,
+        })
     }
 
     /// Starts a lifecycle engine with these limits.
@@ -54,6 +62,7 @@ impl VmHost {
             max_parallel_per_vm,
             shutdown_timeout: Duration::from_secs(30),
             datapath_cgroup: self.cgroup.clone(),
+            placement: self.placement,
         };
         let _g = self.rt.enter();
         Ok(Xenops::start(cfg)?)

@@ -41,6 +41,7 @@ impl Host {
             max_parallel_per_vm: 10,
             shutdown_timeout: Duration::from_secs(20),
             datapath_cgroup: cgroup.clone(),
+            placement: true,
         };
         let (xenops, events) = {
             let _g = rt.enter();
@@ -371,4 +372,85 @@ fn disks_plug_and_unplug_while_the_vm_runs() {
     h.rt.block_on(h.xenops.shutdown_vm(&spec.uuid, false))
         .unwrap();
     h.assert_no_trace(&spec.uuid, Some(vm.domid));
+}
+
+/// The CPUs `pid` may run on.
+fn affinity(pid: u32) -> Vec<usize> {
+    let set = rustix::thread::sched_getaffinity(rustix::thread::Pid::from_raw(pid as i32)).unwrap();
+    (0..rustix::thread::CpuSet::MAX_CPU)
+        .filter(|&c| set.is_set(c))
+        .collect()
+}
+
+#[test]
+fn a_contended_host_keeps_each_vm_on_its_own_cpu_and_rotates_it() {
+    let cpus = pvio_xenops::affinity::online_cpus();
+    if cpus < 2 || std::fs::read_to_string("/proc/pressure/cpu").is_err() {
+        eprintln!("skipped: needs two CPUs and CPU pressure figures");
+        return;
+    }
+    let h = Host::start("xo-place");
+    let disks = [h.image("a.img", 4)];
+    let spec = h.spec("vm-place", &disks, Workload::Idle);
+    h.rt.block_on(h.xenops.start_vm(spec.clone())).unwrap();
+    let dir = h.mini.dir.0.display().to_string();
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            ((cmd.contains(" tapdisk ") || cmd.contains(" guest ")) && cmd.contains(&dir))
+                .then_some(pid)
+        })
+        .collect();
+    assert_eq!(pids.len(), 2, "one guest and one tapdisk");
+    // More spinning threads than CPUs, at the lowest priority (they queue,
+    // which is CPU pressure, without slowing the tests beside this one).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spinners: Vec<_> = (0..cpus + 1)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let idle = libc::sched_param { sched_priority: 0 };
+                // SAFETY: changes only the calling thread's policy.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &idle) };
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        })
+        .collect();
+    // Pinned together to one CPU...
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let a: Vec<Vec<usize>> = pids.iter().map(|&p| affinity(p)).collect();
+        if a[0].len() == 1 && a[0] == a[1] {
+            break a[0][0];
+        }
+        assert!(std::time::Instant::now() < deadline, "never placed: {a:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // ...and moved on to another, together.
+    loop {
+        let a: Vec<Vec<usize>> = pids.iter().map(|&p| affinity(p)).collect();
+        if a[0].len() == 1 && a[0] == a[1] && a[0][0] != first {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never rotated: {a:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    // A quiet host frees them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while pids.iter().any(|&p| affinity(p).len() < cpus) {
+        assert!(std::time::Instant::now() < deadline, "never freed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    h.rt.block_on(h.xenops.shutdown_vm(&spec.uuid, false))
+        .unwrap();
 }

@@ -42,6 +42,9 @@ pub struct DaemonConfig {
     pub shutdown_timeout: Duration,
     /// A CPU cgroup to put every VM's datapath processes in.
     pub datapath_cgroup: Option<PathBuf>,
+    /// Place VMs' processes on their CPUs under contention
+    /// ([`pvio_xenops::placement`]).
+    pub vm_placement: bool,
 }
 
 /// Why the daemon could not start or stopped with an error.
@@ -144,6 +147,7 @@ async fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
         max_parallel_per_vm: cfg.max_parallel_per_vm,
         shutdown_timeout: cfg.shutdown_timeout,
         datapath_cgroup,
+        placement: cfg.vm_placement,
     })?;
     let ts = Toolstack::new(db.clone(), xenops.clone(), cfg.state_dir.join("sr"));
 

@@ -48,6 +48,18 @@ pub fn parse_cpus(s: &str) -> Result<Option<Vec<usize>>, String> {
     Ok(Some(out))
 }
 
+/// The CPUs of the machine (not of the caller's affinity mask, which the
+/// control slice narrows): `/sys/devices/system/cpu/online`.
+pub fn online_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| parse_cpus(&s).ok().flatten())
+        .map_or_else(
+            || std::thread::available_parallelism().map_or(1, |n| n.get()),
+            |l| l.len().max(1),
+        )
+}
+
 /// Formats a CPU list for [`parse_cpus`].
 pub fn format_cpus(cpus: &[usize]) -> String {
     cpus.iter()
@@ -93,6 +105,12 @@ mod tests {
             parse_cpus(&format_cpus(&[0, 1, 5])),
             Ok(Some(vec![0, 1, 5]))
         );
+    }
+
+    #[test]
+    fn the_machine_has_at_least_the_cpus_this_thread_may_use() {
+        let mine = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!(online_cpus() >= mine);
     }
 
     #[test]

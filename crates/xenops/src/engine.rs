@@ -71,6 +71,7 @@ struct Engine {
     conn: tokio::sync::Mutex<Option<Conn>>,
     vms: RefCell<HashMap<String, Rc<Vm>>>,
     events: mpsc::UnboundedSender<VmEvent>,
+    slots: RefCell<crate::placement::Slots>,
 }
 
 /// Starts the engine thread and returns its command queue and event stream.
@@ -99,8 +100,12 @@ pub fn spawn(
                 conn: tokio::sync::Mutex::new(None),
                 vms: RefCell::new(HashMap::new()),
                 events: etx,
+                slots: RefCell::new(crate::placement::Slots::default()),
             });
             local.block_on(&rt, async move {
+                if engine.cfg.placement {
+                    tokio::task::spawn_local(engine.clone().place());
+                }
                 while let Some(cmd) = rx.recv().await {
                     tracing::debug!(?cmd, "xenops");
                     tokio::task::spawn_local(engine.clone().handle(cmd));
@@ -219,6 +224,9 @@ impl Engine {
         match vm::start(&ctx, &vm).await {
             Ok(r) => {
                 tracing::debug!(vm = %vm.spec.name, domid = r.domid, secs = t0.elapsed().as_secs_f64(), "start done");
+                let cpus = crate::affinity::online_cpus();
+                vm.slot
+                    .set(self.slots.borrow_mut().assign(vm.spec.vcpus as usize, cpus));
                 vm.busy.set(false);
                 self.watch_guest(vm);
                 Ok(r)
@@ -229,6 +237,70 @@ impl Engine {
                 self.vms.borrow_mut().remove(&vm.spec.uuid);
                 Err(e)
             }
+        }
+    }
+
+    /// Places the running VMs' processes ([`crate::placement`]): while CPU
+    /// pressure says tasks wait for CPUs, each VM's guest and tapdisks on
+    /// the VM's CPUs, moving on every period; once the host has been quiet
+    /// for a while, every CPU again (where both ends can poll).
+    async fn place(self: Rc<Self>) {
+        use crate::placement::{cpus_for, pin_process, ROTATE_PERIOD, ROTATE_PRESSURE_PCT};
+        let cpus = crate::affinity::online_cpus();
+        if cpus < 2 {
+            return;
+        }
+        let stall = || {
+            std::fs::read_to_string("/proc/pressure/cpu")
+                .ok()
+                .and_then(|t| pvio_poll::load::parse_psi_some_total(&t))
+                .map(|us| (us, std::time::Instant::now()))
+        };
+        let Some(mut prev) = stall() else {
+            tracing::info!("no CPU pressure figures (PSI): VMs are not placed");
+            return;
+        };
+        let mut epoch = 0usize;
+        let mut pinned = false;
+        let mut quiet = 0u32;
+        loop {
+            tokio::time::sleep(ROTATE_PERIOD).await;
+            let Some(cur) = stall() else { return };
+            let dt = cur.1.duration_since(prev.1).as_micros().max(1) as f32;
+            let pct = 100.0 * cur.0.saturating_sub(prev.0) as f32 / dt;
+            prev = cur;
+            let contended = pct >= ROTATE_PRESSURE_PCT;
+            quiet = if contended { 0 } else { quiet + 1 };
+            // Quiet for ten periods (2 s): free the VMs once.
+            let free = pinned && quiet >= 10;
+            if !contended && !free {
+                continue;
+            }
+            epoch = epoch.wrapping_add(1);
+            let work: Vec<(Vec<u32>, Option<Vec<usize>>)> = self
+                .vms
+                .borrow()
+                .values()
+                .filter(|v| v.phase.get() == Phase::Running)
+                .map(|v| {
+                    let set = if free {
+                        None
+                    } else {
+                        cpus_for(v.slot.get(), v.spec.vcpus as usize, epoch, cpus)
+                    };
+                    (v.pids(), set)
+                })
+                .collect();
+            pinned = contended;
+            // Hundreds of affinity calls: off the engine's thread.
+            let _ = tokio::task::spawn_blocking(move || {
+                for (pids, set) in work {
+                    for pid in pids {
+                        let _ = pin_process(pid, set.as_deref());
+                    }
+                }
+            })
+            .await;
         }
     }
 

@@ -18,6 +18,7 @@ pub const GUEST_XS_QUOTA_WATCHES: u32 = 1024;
 
 pub mod affinity;
 pub mod cgroup;
+pub mod placement;
 pub mod process;
 pub mod spec;
 pub mod vbd;
@@ -48,6 +49,9 @@ pub struct XenopsConfig {
     /// Put every VM's guest and tapdisks in this CPU cgroup (None: leave
     /// them where the toolstack is).
     pub datapath_cgroup: Option<cgroup::CpuGroup>,
+    /// While the host's CPUs are contended, keep each VM's guest and
+    /// tapdisks on the VM's own CPUs and rotate them ([`placement`]).
+    pub placement: bool,
 }
 
 /// Why a lifecycle operation failed.

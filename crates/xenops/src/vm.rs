@@ -64,9 +64,18 @@ pub struct Vm {
     pub per_vm: Arc<Semaphore>,
     pub vbds: RefCell<BTreeMap<u32, PluggedVbd>>,
     pub guest: RefCell<Option<Proc>>,
+    /// Where [`crate::placement`] puts the VM's processes.
+    pub slot: Cell<usize>,
 }
 
 impl Vm {
+    /// The pids of the VM's guest and tapdisks.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self.guest.borrow().iter().map(Proc::pid).collect();
+        pids.extend(self.vbds.borrow().values().map(|v| v.tapdisk.pid()));
+        pids
+    }
+
     pub fn new(spec: VmSpec, cfg: &XenopsConfig) -> Self {
         Self {
             dir: cfg.state_dir.join("vms").join(&spec.uuid),
@@ -77,6 +86,7 @@ impl Vm {
             per_vm: Arc::new(Semaphore::new(cfg.max_parallel_per_vm.max(1))),
             vbds: RefCell::new(BTreeMap::new()),
             guest: RefCell::new(None),
+            slot: Cell::new(0),
         }
     }
 

@@ -52,6 +52,11 @@ pub struct UpArgs {
     /// over every CPU gets only part of its share where it wakes.
     #[arg(long, value_name = "LIST")]
     pub control_cpus: Option<String>,
+    /// Leave VMs' processes wherever the scheduler puts them (by default,
+    /// while the CPUs are contended, each VM's guest and tapdisks share the
+    /// VM's CPU and the VMs rotate over the CPUs, so a storm is fair).
+    #[arg(long)]
+    pub no_vm_placement: bool,
     /// Nodes a guest may own in the xenstore (a VM of 255 disks needs ~3000).
     #[arg(long, default_value_t = pvio_xenops::GUEST_XS_QUOTA_NODES)]
     pub xenstore_quota_nodes: u32,
@@ -258,6 +263,9 @@ async fn supervise(a: UpArgs, l: Layout) -> anyhow::Result<()> {
         if let Some((_, d)) = &slice {
             args.push(os("--datapath-cgroup"));
             args.push(path(d.path().to_path_buf()));
+        }
+        if a.no_vm_placement {
+            args.push(os("--no-vm-placement"));
         }
         let (tsd, log) = spawn("toolstackd", args)?;
         started.push(("toolstackd", tsd.clone()));

@@ -58,6 +58,11 @@ pub struct DaemonArgs {
     /// VM's guest and tapdisks in.
     #[arg(long, value_name = "PATH")]
     pub datapath_cgroup: Option<PathBuf>,
+    /// Leave VMs' processes wherever the scheduler puts them, even when the
+    /// CPUs are contended (by default each VM's guest and tapdisks then
+    /// share the VM's CPU, and the VMs rotate over the CPUs).
+    #[arg(long)]
+    pub no_vm_placement: bool,
     /// The pvio binary that runs tapdisks and guests [default: this one].
     #[arg(long, value_name = "PATH")]
     pub pvio_bin: Option<PathBuf>,
@@ -78,6 +83,7 @@ pub fn run_daemon(args: DaemonArgs) -> anyhow::Result<()> {
         max_parallel_per_vm: args.max_parallel_per_vm as usize,
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout_s),
         datapath_cgroup: args.datapath_cgroup,
+        vm_placement: !args.no_vm_placement,
     })?;
     Ok(())
 }

@@ -38,7 +38,8 @@ fn the_quick_block_bench_reports_every_mode_and_draws_its_charts() {
     let sweep = v["gap_sweep"].as_array().expect("gap_sweep");
     for mode in ["off", "spin", "tapdisk3", "adaptive"] {
         let points: Vec<_> = sweep.iter().filter(|p| p["mode"] == mode).collect();
-        assert_eq!(points.len(), 4, "{mode}: {points:?}");
+        let poisson = points.iter().filter(|p| p["arrivals"] == "poisson").count();
+        assert_eq!((points.len(), poisson), (5, 1), "{mode}: {points:?}");
         for p in points {
             assert!(p["latency_us_p50"].as_f64().unwrap() > 0.0, "{p}");
             assert!(p["cpu_us_per_req"].as_f64().unwrap() > 0.0, "{p}");

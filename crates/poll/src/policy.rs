@@ -554,6 +554,14 @@ impl Poller {
             return self.block(now, None);
         }
         let slice_end = expect_end.min(now + cfg.max_spin_slice_ns);
+        // A rhythm whose quartiles lie further apart than a wake-up and a
+        // quarter of the gap (Poisson arrivals: 1.1 gaps apart) cannot be
+        // predicted: a timed sleep would mostly wake for nothing. (Against
+        // the gap too: at 5 ms, gaps learned from events scatter by tens
+        // of µs, and that rhythm is still worth a timer.)
+        if !spin_pays && (self.skip_predictions > 0 || 2.0 * dev > wake.max(gap / 4.0)) {
+            return self.block(now, None);
+        }
         // Spinning (now, or after a timer) takes a CPU that others may
         // need: look at the host only when about to do it.
         if load.contended(now) {
@@ -563,9 +571,6 @@ impl Poller {
         if spin_pays {
             self.expecting = true;
             return self.spin(now, slice_end);
-        }
-        if self.skip_predictions > 0 {
-            return self.block(now, None);
         }
         // Long gap: sleep until just before the predicted arrival, early by
         // the 75th percentile of the timer's lateness (on a VM every sleep
@@ -859,6 +864,32 @@ mod tests {
             "caught {caught_late_phase} of 200 ({:?})",
             p.stats()
         );
+    }
+
+    #[test]
+    fn adaptive_does_not_predict_what_has_no_rhythm() {
+        // Poisson arrivals of mean 1 ms: no timer could catch them, so the
+        // poller must cost no more than off.
+        let load = HostLoad::fixed(100.0);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut gaps = |_i: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let u = ((x >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+            (-u.ln() * 1_000_000.0) as u64
+        };
+        let s = sim();
+        let ad = PollPolicy::Adaptive(AdaptiveConfig::default());
+        let (o, st) = s.run_with(ad, &mut gaps, 2000, &load);
+        let (off, _) = s.run(PollPolicy::Off, 1_000_000, 2000, &load);
+        assert!(
+            o.cpu_per_req <= 1.2 * off.cpu_per_req,
+            "cpu {} vs off {} ({st:?})",
+            o.cpu_per_req,
+            off.cpu_per_req
+        );
+        assert!(st.timed_blocks < 100, "{st:?}");
     }
 
     #[test]

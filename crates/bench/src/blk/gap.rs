@@ -26,7 +26,9 @@ use crate::report::latency_histogram;
 /// One point of the sweep.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GapPoint {
+    /// The gap, or with Poisson arrivals the mean gap.
     pub gap_us: u64,
+    pub arrivals: Arrivals,
     pub mode: String,
     pub latency_us_p50: f64,
     pub latency_us_p99: f64,
@@ -45,6 +47,45 @@ pub struct GapFrontendArgs {
     pub count: u64,
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Draw each gap from an exponential distribution of mean `gap_us`
+    /// (Poisson arrivals: the next gap cannot be predicted).
+    #[arg(long)]
+    pub poisson: bool,
+}
+
+/// How requests are spaced in a sweep point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrivals {
+    /// Every gap the same: a predictable rhythm.
+    Fixed,
+    /// Exponential gaps of that mean: no rhythm to learn.
+    Poisson,
+}
+
+/// Exponential gaps of mean `mean_us` from a xorshift generator (seeded
+/// from the clock: each run differs, the distribution does not).
+struct ExpGaps {
+    state: u64,
+    mean_us: f64,
+}
+
+impl ExpGaps {
+    fn new(mean_us: u64) -> Self {
+        Self {
+            state: pvio_poll::now_ns() | 1,
+            mean_us: mean_us as f64,
+        }
+    }
+
+    fn next_us(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        // Uniform in (0, 1]: never ln(0).
+        let u = ((self.state >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+        (-u.ln() * self.mean_us).round() as u64
+    }
 }
 
 /// Waits `gap_us` precisely: sleeps through all but the last 150 µs (so
@@ -73,6 +114,7 @@ pub fn frontend_main(a: GapFrontendArgs) -> anyhow::Result<()> {
     let mut front = FrontRing::<Blkif, _>::init(GuestPages::new(dom.memory.clone(), gfn, 1)?)?;
     let gref = dom.grants.grant_access(0, gfn, false)?;
     let chan = dom.client.evtchn_alloc_unbound(0)?;
+    let mut exp = a.poisson.then(|| ExpGaps::new(a.gap_us));
     println!("ready {} {} {}", dom.client.domid(), gref, chan.port());
     let mut go = String::new();
     std::io::stdin().read_line(&mut go)?;
@@ -96,7 +138,7 @@ pub fn frontend_main(a: GapFrontendArgs) -> anyhow::Result<()> {
             }
             std::hint::spin_loop();
         }
-        wait_gap(a.gap_us);
+        wait_gap(exp.as_mut().map_or(a.gap_us, ExpGaps::next_us));
     }
     println!("done");
     Ok(())
@@ -111,7 +153,12 @@ pub struct GapRun {
 
 impl GapPoint {
     /// The point made of several runs' measurements.
-    pub fn from_runs(gap_us: u64, mode: &str, runs: &[GapRun]) -> anyhow::Result<Self> {
+    pub fn from_runs(
+        gap_us: u64,
+        arrivals: Arrivals,
+        mode: &str,
+        runs: &[GapRun],
+    ) -> anyhow::Result<Self> {
         let mut h = latency_histogram();
         let mut cpu = 0;
         for r in runs {
@@ -121,6 +168,7 @@ impl GapPoint {
         let measured = h.len().max(1);
         Ok(GapPoint {
             gap_us,
+            arrivals,
             mode: mode.to_string(),
             latency_us_p50: h.value_at_quantile(0.5) as f64 / 1000.0,
             latency_us_p99: h.value_at_quantile(0.99) as f64 / 1000.0,
@@ -136,7 +184,7 @@ pub fn run(
     socket: &std::path::Path,
     policy: PollPolicy,
     load: &HostLoad,
-    gap_us: u64,
+    (gap_us, arrivals): (u64, Arrivals),
     count: u64,
     pin: bool,
 ) -> anyhow::Result<GapRun> {
@@ -153,6 +201,9 @@ pub fn run(
     ];
     if pin {
         args.extend(["--cpu".into(), "0".into()]);
+    }
+    if arrivals == Arrivals::Poisson {
+        args.push("--poisson".into());
     }
     let mut child = LineChild::spawn(&args)?;
     let ready = child.read_line()?;

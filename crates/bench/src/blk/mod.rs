@@ -13,7 +13,9 @@
 //!    and dom0's are distinct, so every notification wakes another CPU.
 //! 2. **Gap sweep** ([`gap`]): pickup latency and backend CPU per request
 //!    for requests 1 µs to 5 ms apart, for `off`, a pure `spin`,
-//!    `tapdisk3` and `adaptive`, in three interleaved rounds.
+//!    `tapdisk3` and `adaptive`, in three interleaved rounds; and with
+//!    Poisson arrivals of 200 µs to 5 ms mean (`"arrivals": "poisson"`),
+//!    where the next gap cannot be predicted.
 //! 3. **Idle cost**: backend CPU over 5 s while a connected guest is idle
 //!    after load.
 //! 4. **Request splitting** (seed 004): random reads of S bytes
@@ -431,28 +433,35 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // fast this VM's CPUs see each other's writes (0.2 µs or 0.6 µs,
         // it moves now and then) weighs on all policies alike.
         let (budget, rounds) = if q { (0.25, 1) } else { (2.0, 3) };
-        for &g in gaps {
+        // Fixed gaps, then Poisson arrivals of a few means: there the next
+        // gap cannot be predicted and polling cannot pay.
+        let poisson: &[u64] = if q { &[1000] } else { &[200, 1000, 5000] };
+        let points = gaps
+            .iter()
+            .map(|&g| (g, gap::Arrivals::Fixed))
+            .chain(poisson.iter().map(|&g| (g, gap::Arrivals::Poisson)));
+        for (g, arrivals) in points {
             let count = ((budget * 1e6 / (g as f64 + 60.0)) as u64).clamp(60, 20_000);
             let per_round = count.div_ceil(rounds).max(40);
             let mut runs: Vec<Vec<gap::GapRun>> = policies.iter().map(|_| Vec::new()).collect();
             for round in 1..=rounds {
                 for (i, p) in policies.iter().enumerate() {
                     r.say(&format!(
-                        "gap sweep: {g} µs, {}, round {round}/{rounds}, {per_round} requests",
+                        "gap sweep: {g} µs {arrivals:?}, {}, round {round}/{rounds}, {per_round} requests",
                         p.name()
                     ));
                     runs[i].push(gap::run(
                         &host.hvd_socket,
                         *p,
                         &load,
-                        g,
+                        (g, arrivals),
                         per_round,
                         cpus() >= 2,
                     )?);
                 }
             }
             for (p, runs) in policies.iter().zip(&runs) {
-                gap_points.push(gap::GapPoint::from_runs(g, p.name(), runs)?);
+                gap_points.push(gap::GapPoint::from_runs(g, arrivals, p.name(), runs)?);
             }
         }
         text.push_str(&format!(
@@ -462,10 +471,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         text.push_str(
             "   gap µs        off              spin            tapdisk3         adaptive\n",
         );
-        for &g in gaps {
-            text.push_str(&format!("{g:>8}"));
+        let rows = gaps
+            .iter()
+            .map(|&g| (g, gap::Arrivals::Fixed))
+            .chain(poisson.iter().map(|&g| (g, gap::Arrivals::Poisson)));
+        for (g, arrivals) in rows {
+            match arrivals {
+                gap::Arrivals::Fixed => text.push_str(&format!("{g:>8}")),
+                gap::Arrivals::Poisson => text.push_str(&format!("{:>8}", format!("~{g}"))),
+            }
             for m in ["off", "spin", "tapdisk3", "adaptive"] {
-                if let Some(p) = gap_points.iter().find(|p| p.gap_us == g && p.mode == m) {
+                if let Some(p) = gap_points
+                    .iter()
+                    .find(|p| p.gap_us == g && p.arrivals == arrivals && p.mode == m)
+                {
                     text.push_str(&format!(
                         "  {:>7.2} / {:>6.1}",
                         p.latency_us_p50, p.cpu_us_per_req
@@ -474,6 +493,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             text.push('\n');
         }
+        text.push_str("   (~N: Poisson arrivals, exponential gaps of mean N µs)\n");
         let series = |f: fn(&gap::GapPoint) -> f64| -> Vec<Series> {
             ["off", "spin", "tapdisk3", "adaptive"]
                 .iter()
@@ -481,7 +501,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     name: m.to_string(),
                     points: gap_points
                         .iter()
-                        .filter(|p| p.mode == *m)
+                        .filter(|p| p.mode == *m && p.arrivals == gap::Arrivals::Fixed)
                         .map(|p| (p.gap_us as f64, f(p)))
                         .collect(),
                 })

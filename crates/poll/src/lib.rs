@@ -13,13 +13,16 @@
 //! * `tapdisk3`: XenServer's rule — after a request, poll for a fixed window
 //!   that slides with every hit, only if the host was idle enough when polling
 //!   started (default 1000 µs and 50 % idle, sampled every second).
-//! * `adaptive`: learn the idle gap before the next request and the cost of a
-//!   wake-up; spin through gaps up to a few wake-ups long (a disk I/O, a
-//!   frontend's turnaround), sleep until just before the predicted arrival
-//!   through longer ones (spinning at most one wake-up's worth around it,
-//!   and backing off when predictions miss), and block on the event
-//!   otherwise; never while other tasks wait for a CPU, and never once the
-//!   stream has gone quiet.
+//! * `adaptive`: learn the idle gap before the next request (the median of
+//!   recent gaps), the cost of a wake-up and how many requests an arrival
+//!   brings; spin through gaps up to a few wake-ups long per request (a
+//!   disk I/O or a frontend's turnaround at queue depth 1, a burst of
+//!   completions at queue depth 32), sleep until just before the predicted
+//!   arrival through longer, regular ones (spinning about one wake-up's
+//!   worth around it, wider after misses, backing off when they repeat),
+//!   and block on the event otherwise — always for arrivals without a
+//!   rhythm; never while others wait for the poller's CPU, and never once
+//!   the stream has gone quiet.
 //!
 //! This crate must never touch a ring or a file descriptor; [`load`] reads
 //! `/proc` only.

@@ -67,7 +67,9 @@ pub struct AdaptiveConfig {
     pub slack_ns: u64,
     /// Do not arm a timer for a sleep shorter than this; spin instead.
     pub min_sleep_ns: u64,
-    /// Weight of a new sample in the moving averages, as a shift (3: 1/8).
+    /// Weight of a new sample in the moving average of the batch an arrival
+    /// brings, as a shift (3: 1/8). (Gaps and timer lateness are medians
+    /// of recent samples instead.)
     pub ewma_shift: u32,
 }
 

@@ -891,7 +891,9 @@ mod tests {
             o.cpu_per_req,
             off.cpu_per_req
         );
-        assert!(st.timed_blocks < 100, "{st:?}");
+        // A timer or two while the first gaps are learned, then none (the
+        // back-off after misses alone would still set ~50).
+        assert!(st.timed_blocks < 5, "{st:?}");
     }
 
     #[test]

@@ -250,12 +250,7 @@ impl Engine {
         if cpus < 2 {
             return;
         }
-        let stall = || {
-            std::fs::read_to_string("/proc/pressure/cpu")
-                .ok()
-                .and_then(|t| pvio_poll::load::parse_psi_some_total(&t))
-                .map(|us| (us, std::time::Instant::now()))
-        };
+        let stall = || pvio_poll::load::cpu_stall_us().map(|us| (us, std::time::Instant::now()));
         let Some(mut prev) = stall() else {
             tracing::info!("no CPU pressure figures (PSI): VMs are not placed");
             return;

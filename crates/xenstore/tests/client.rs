@@ -259,3 +259,48 @@ async fn batched_writes_apply_in_order_and_report_the_first_error() {
     ));
     assert!(!c.exists("/huge").await.unwrap());
 }
+
+#[tokio::test]
+async fn batched_reads_answer_each_path_in_order() {
+    let c = Client::connect(daemon("readmany")).await.unwrap();
+    c.write("/r/a", "1").await.unwrap();
+    c.write("/r/b", " two \0").await.unwrap();
+    let paths: Vec<String> = ["/r/a", "/r/missing", "/r/b", "/r"]
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    // A missing node is None in its place; the others keep their order.
+    let raw = c.try_read_many(&paths).await.unwrap();
+    assert_eq!(raw.len(), 4);
+    assert_eq!(raw[0].as_deref(), Some(&b"1"[..]));
+    assert_eq!(raw[1], None);
+    assert_eq!(raw[2].as_deref(), Some(&b" two \0"[..]));
+    // As text: trimmed of white space and the trailing NUL.
+    let text = c.try_read_texts(&paths).await.unwrap();
+    assert_eq!(
+        text,
+        vec![
+            Some("1".into()),
+            None,
+            Some("two".into()),
+            Some(String::new())
+        ]
+    );
+    // Inside a transaction, its own writes are seen.
+    let in_tx = c
+        .transaction(async |t| {
+            t.write("/r/c", "3").await?;
+            t.try_read_many(&["/r/c".to_string(), "/r/a".to_string()])
+                .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(in_tx[0].as_deref(), Some(&b"3"[..]));
+    // Any error but ENOENT fails the batch, and the connection goes on.
+    let bad = vec!["/r/a".to_string(), "/bad path".to_string()];
+    assert!(matches!(
+        c.try_read_many(&bad).await,
+        Err(Error::Xen(XsError::Einval))
+    ));
+    assert_eq!(c.read_string("/r/a").await.unwrap(), "1");
+}

@@ -268,21 +268,22 @@ impl Client {
         requests: &[(MsgType, Vec<u8>)],
     ) -> Result<Vec<Vec<u8>>, Error> {
         let reqs: Vec<(MsgType, &[u8])> = requests.iter().map(|(t, p)| (*t, &p[..])).collect();
-        let pending = self.send(&reqs, tx_id).await?;
+        self.send_all(&reqs, tx_id).await?.into_iter().collect()
+    }
+
+    /// Sends several requests in one write and awaits every reply, in
+    /// order, whatever each says (none is left behind).
+    async fn send_all(
+        &self,
+        reqs: &[(MsgType, &[u8])],
+        tx_id: u32,
+    ) -> Result<Vec<Result<Vec<u8>, Error>>, Error> {
+        let pending = self.send(reqs, tx_id).await?;
         let mut out = Vec::with_capacity(pending.len());
-        let mut first_err = None;
         for p in pending {
-            match p.reply().await {
-                Ok(v) => out.push(v),
-                Err(e) => {
-                    first_err.get_or_insert(e);
-                }
-            }
+            out.push(p.reply().await);
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
-        }
+        Ok(out)
     }
 
     /// Registers and writes requests; their replies come through the
@@ -343,6 +344,22 @@ impl Client {
     /// Whether a node exists.
     pub async fn exists(&self, path: &str) -> Result<bool, Error> {
         Ok(self.try_read(path).await?.is_some())
+    }
+
+    /// Reads several nodes in one round trip (requests pipelined); a
+    /// missing node is `None`. Any other error fails the whole batch.
+    pub async fn try_read_many(&self, paths: &[String]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        self.scope(0).try_read_many(paths).await
+    }
+
+    /// [`Client::try_read_many`], each value as [`value_text`].
+    pub async fn try_read_texts(&self, paths: &[String]) -> Result<Vec<Option<String>>, Error> {
+        Ok(self
+            .try_read_many(paths)
+            .await?
+            .into_iter()
+            .map(|v| v.as_deref().map(value_text))
+            .collect())
     }
 
     /// Writes a value, creating missing parents.
@@ -559,6 +576,15 @@ impl Pending {
     }
 }
 
+/// A node's value as text, the way drivers read numbers and names: lossy
+/// UTF-8, without a trailing NUL or surrounding white space.
+pub fn value_text(v: &[u8]) -> String {
+    String::from_utf8_lossy(v)
+        .trim_end_matches('\0')
+        .trim()
+        .to_string()
+}
+
 impl Scope<'_> {
     async fn read(&self, path: &str) -> Result<Vec<u8>, Error> {
         self.c
@@ -572,6 +598,22 @@ impl Scope<'_> {
             Err(Error::Xen(XsError::Enoent)) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    async fn try_read_many(&self, paths: &[String]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        let reqs: Vec<(MsgType, Vec<u8>)> =
+            paths.iter().map(|p| (MsgType::Read, path_arg(p))).collect();
+        let reqs: Vec<(MsgType, &[u8])> = reqs.iter().map(|(t, p)| (*t, &p[..])).collect();
+        self.c
+            .send_all(&reqs, self.tx)
+            .await?
+            .into_iter()
+            .map(|r| match r {
+                Ok(v) => Ok(Some(v)),
+                Err(Error::Xen(XsError::Enoent)) => Ok(None),
+                Err(e) => Err(e),
+            })
+            .collect()
     }
 
     async fn write(&self, path: &str, value: &[u8]) -> Result<(), Error> {
@@ -685,6 +727,11 @@ impl Transaction<'_> {
 
     pub async fn exists(&self, path: &str) -> Result<bool, Error> {
         Ok(self.try_read(path).await?.is_some())
+    }
+
+    /// Reads several nodes in one round trip; a missing node is `None`.
+    pub async fn try_read_many(&self, paths: &[String]) -> Result<Vec<Option<Vec<u8>>>, Error> {
+        self.scope().try_read_many(paths).await
     }
 
     pub async fn write(&self, path: &str, value: impl AsRef<[u8]>) -> Result<(), Error> {

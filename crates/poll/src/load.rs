@@ -297,6 +297,15 @@ impl HostLoad {
         Self { shared }
     }
 
+    /// The process's one sampler (cpumond's 1 s period), started on first
+    /// use: every ring of a process asks about the same host, so a guest
+    /// with 255 disks runs one sampler thread, not 255.
+    pub fn process_wide() -> Self {
+        static LOAD: std::sync::OnceLock<HostLoad> = std::sync::OnceLock::new();
+        LOAD.get_or_init(|| HostLoad::start(Duration::from_secs(1)))
+            .clone()
+    }
+
     /// A fixed view for tests and for disabling the gate: `idle_pct` is
     /// constant and the host is never contended.
     pub fn fixed(idle_pct: f32) -> Self {

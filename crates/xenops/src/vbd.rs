@@ -95,7 +95,8 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     }
     // Every CPU, whatever the toolstack's own affinity (the control slice's).
     cmd.env(crate::affinity::CPUS_ENV, "all");
-    let tapdisk = Proc::spawn(cmd, &log, ctx.cgroup)
+    let tapdisk = Proc::spawn_in_background(cmd, log.clone(), ctx.cgroup.cloned())
+        .await
         .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
     let t_spawn = t0.elapsed();
     let plugged = PluggedVbd {

@@ -186,7 +186,7 @@ pub async fn start(ctx: &Ctx, vm: &Rc<Vm>) -> Result<RunningVm, XenopsError> {
     let t_domain = t0.elapsed();
     plug_all(ctx, vm, spec.vbds.clone()).await?;
     let t_plug = t0.elapsed();
-    let guest = spawn_guest(ctx, vm, d.domid, d.token)?;
+    let guest = spawn_guest(ctx, vm, d.domid, d.token).await?;
     *vm.guest.borrow_mut() = Some(guest.clone());
     wait_frontends(xs, vm, &guest).await?;
     let t_connect = t0.elapsed();
@@ -280,7 +280,7 @@ where
     out.into_iter().map(|(_, v)| v).collect()
 }
 
-fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, XenopsError> {
+async fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, XenopsError> {
     let mut cmd = tokio::process::Command::new(&ctx.cfg.pvio_bin);
     cmd.arg("guest")
         .arg("--hvd-socket")
@@ -314,11 +314,12 @@ fn spawn_guest(ctx: &Ctx, vm: &Vm, domid: u16, token: u64) -> Result<Proc, Xenop
             .arg(b.depth.to_string()),
         Workload::Nbd(p) => cmd.arg("--nbd").arg(p),
     };
-    Proc::spawn(
+    Proc::spawn_in_background(
         cmd,
-        &vm.dir.join("guest.log"),
-        ctx.cfg.datapath_cgroup.as_ref(),
+        vm.dir.join("guest.log"),
+        ctx.cfg.datapath_cgroup.clone(),
     )
+    .await
     .map_err(|e| XenopsError::Guest {
         vm: vm.spec.name.clone(),
         reason: format!("cannot start the guest process: {e}"),

@@ -180,21 +180,25 @@ impl std::fmt::Debug for BlkFront {
     }
 }
 
-async fn read_opt(xs: &Client, path: &str) -> Result<Option<String>, FrontError> {
-    Ok(xs.try_read(path).await?.map(|v| {
-        String::from_utf8_lossy(&v)
-            .trim_end_matches('\0')
-            .trim()
-            .to_string()
-    }))
+/// Reads `dir/<name>` for each name in one round trip.
+async fn read_keys<const N: usize>(
+    xs: &Client,
+    dir: &str,
+    names: [&str; N],
+) -> Result<[(String, Option<String>); N], FrontError> {
+    let paths: Vec<String> = names.iter().map(|k| format!("{dir}/{k}")).collect();
+    let values = xs.try_read_texts(&paths).await?;
+    let mut pairs = paths.into_iter().zip(values);
+    Ok(std::array::from_fn(|_| pairs.next().unwrap_or_default()))
 }
 
-async fn read_num<T: std::str::FromStr>(
-    xs: &Client,
+/// A number a backend published at `path`, `default` where it did not.
+fn parse_num<T: std::str::FromStr>(
     path: &str,
+    value: Option<String>,
     default: T,
 ) -> Result<T, FrontError> {
-    match read_opt(xs, path).await? {
+    match value {
         None => Ok(default),
         Some(v) => v.parse().map_err(|_| FrontError::BadBackendKey {
             key: path.to_string(),
@@ -226,16 +230,27 @@ pub async fn connect(
     }
     let domid = res.client.domid();
     let fe_dir = frontend_path(domid, "vbd", cfg.devid);
-    let be_dir = xs.read_string(&format!("{fe_dir}/{}", fk::BACKEND)).await?;
-    let backend_id: DomId = read_num(&xs, &format!("{fe_dir}/{}", fk::BACKEND_ID), 0).await?;
+    let [(_, be_dir), (p, id)] = read_keys(&xs, &fe_dir, [fk::BACKEND, fk::BACKEND_ID]).await?;
+    let be_dir = be_dir.ok_or(pvio_xenstore::Error::Xen(pvio_xenstore::XsError::Enoent))?;
+    let backend_id: DomId = parse_num(&p, id, 0)?;
     let deadline = Instant::now() + cfg.timeout;
     let s = wait_for_state(&xs, &be_dir, deadline, |s| s >= XenbusState::InitWait).await?;
     not_closed(s)?;
-    let b = |k: &str| format!("{be_dir}/{k}");
-    let max_q: u32 = read_num(&xs, &b(bk::MULTI_QUEUE_MAX_QUEUES), 1).await?;
-    let max_order: u32 = read_num(&xs, &b(bk::MAX_RING_PAGE_ORDER), 0).await?;
-    let max_indirect: u32 = read_num(&xs, &b(bk::FEATURE_MAX_INDIRECT_SEGMENTS), 0).await?;
-    let be_persistent: u32 = read_num(&xs, &b(bk::FEATURE_PERSISTENT), 0).await?;
+    let [(p1, v1), (p2, v2), (p3, v3), (p4, v4)] = read_keys(
+        &xs,
+        &be_dir,
+        [
+            bk::MULTI_QUEUE_MAX_QUEUES,
+            bk::MAX_RING_PAGE_ORDER,
+            bk::FEATURE_MAX_INDIRECT_SEGMENTS,
+            bk::FEATURE_PERSISTENT,
+        ],
+    )
+    .await?;
+    let max_q: u32 = parse_num(&p1, v1, 1)?;
+    let max_order: u32 = parse_num(&p2, v2, 0)?;
+    let max_indirect: u32 = parse_num(&p3, v3, 0)?;
+    let be_persistent: u32 = parse_num(&p4, v4, 0)?;
     let nq = cfg.queues.clamp(1, max_q.max(1));
     let order = cfg
         .ring_order
@@ -263,7 +278,7 @@ pub async fn connect(
     } else {
         buffer_pages.min(11)
     };
-    let load = HostLoad::start(Duration::from_secs(1));
+    let load = HostLoad::process_wide();
 
     let mut shared = Vec::new();
     let mut queues = Vec::new();
@@ -401,14 +416,12 @@ impl BlkFront {
                 st.chan.port().to_string(),
             ));
         }
-        let fe = self.fe_dir.clone();
+        let kv: Vec<(String, String)> = kv
+            .into_iter()
+            .map(|(k, v)| (format!("{}/{k}", self.fe_dir), v))
+            .collect();
         self.xs
-            .transaction(async |t| {
-                for (k, v) in &kv {
-                    t.write(&format!("{fe}/{k}"), v).await?;
-                }
-                Ok(())
-            })
+            .transaction(async |t| t.write_many(&kv).await)
             .await?;
         switch_state(&self.xs, &self.fe_dir, XenbusState::Initialised).await?;
         let deadline = Instant::now() + self.timeout;
@@ -417,13 +430,24 @@ impl BlkFront {
         })
         .await?;
         not_closed(s)?;
-        let b = |k: &str| format!("{}/{k}", self.be_dir);
-        let sector_size: u32 = read_num(&self.xs, &b(bk::SECTOR_SIZE), 512).await?;
-        let sectors: u64 = read_num(&self.xs, &b(bk::SECTORS), 0).await?;
-        let info: u32 = read_num(&self.xs, &b(bk::INFO), 0).await?;
+        let [(p1, v1), (p2, v2), (p3, v3), (p4, v4), (p5, v5)] = read_keys(
+            &self.xs,
+            &self.be_dir,
+            [
+                bk::SECTOR_SIZE,
+                bk::SECTORS,
+                bk::INFO,
+                bk::FEATURE_FLUSH_CACHE,
+                bk::FEATURE_DISCARD,
+            ],
+        )
+        .await?;
+        let sector_size: u32 = parse_num(&p1, v1, 512)?;
+        let sectors: u64 = parse_num(&p2, v2, 0)?;
+        let info: u32 = parse_num(&p3, v3, 0)?;
         if sector_size < 512 || !sector_size.is_power_of_two() {
             return Err(FrontError::BadBackendKey {
-                key: b(bk::SECTOR_SIZE),
+                key: p1,
                 value: sector_size.to_string(),
             });
         }
@@ -431,8 +455,8 @@ impl BlkFront {
             sectors,
             sector_size,
             read_only: info & VDISK_READONLY != 0,
-            flush: read_num::<u32>(&self.xs, &b(bk::FEATURE_FLUSH_CACHE), 0).await? == 1,
-            discard: read_num::<u32>(&self.xs, &b(bk::FEATURE_DISCARD), 0).await? == 1,
+            flush: parse_num::<u32>(&p4, v4, 0)? == 1,
+            discard: parse_num::<u32>(&p5, v5, 0)? == 1,
             max_request_bytes: self.info.max_request_bytes,
         };
         switch_state(&self.xs, &self.fe_dir, XenbusState::Connected).await?;

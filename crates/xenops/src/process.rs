@@ -25,7 +25,8 @@ impl Proc {
     /// for an RCU grace period on cgroup v1 (~7 ms here): done on the
     /// engine's one thread, it held up every other plug of a 10-disk VM,
     /// whose xenstore trees then took 2.5 ms more each. The child starts
-    /// up meanwhile.
+    /// up meanwhile. The engine never drops a plug or a start half-way;
+    /// a caller that did would leave the spawned child running.
     pub async fn spawn_in_background(
         cmd: tokio::process::Command,
         log: PathBuf,

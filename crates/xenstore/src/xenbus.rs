@@ -23,6 +23,25 @@ pub fn state_path(dir: &str) -> String {
     format!("{dir}/state")
 }
 
+/// Reads several nodes in one round trip, as text (`None` where missing):
+/// what a driver reads of its device directories at each step.
+pub async fn read_paths<const N: usize>(
+    c: &Client,
+    paths: [String; N],
+) -> Result<[Option<String>; N], Error> {
+    let mut values = c.try_read_texts(&paths).await?.into_iter();
+    Ok(std::array::from_fn(|_| values.next().flatten()))
+}
+
+/// [`read_paths`] of `dir/<name>` for each name.
+pub async fn read_keys<const N: usize>(
+    c: &Client,
+    dir: &str,
+    names: [&str; N],
+) -> Result<[Option<String>; N], Error> {
+    read_paths(c, names.map(|k| format!("{dir}/{k}"))).await
+}
+
 /// The state of the device end at `dir`; a missing or unparsable node
 /// reads as `Unknown`, as in Linux's `xenbus_read_driver_state()`.
 pub async fn read_state(c: &Client, dir: &str) -> Result<XenbusState, Error> {

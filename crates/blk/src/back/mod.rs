@@ -28,7 +28,7 @@ use pvio_abi::DomId;
 use pvio_hv::{ForeignMemory, HvClient};
 use pvio_poll::{AdaptiveConfig, HostLoad, PollPolicy, Tapdisk3Config};
 use pvio_ring::BackRing;
-use pvio_xenstore::xenbus::{state_path, switch_state};
+use pvio_xenstore::xenbus::{read_keys, read_paths, state_path, switch_state};
 use pvio_xenstore::Client;
 
 use crate::engine::{open_engine, EngineChoice, EngineConfig};
@@ -146,24 +146,6 @@ pub fn run(cfg: TapdiskConfig) -> Result<(), BackendError> {
 
 fn fatal_msg(e: &dyn std::fmt::Display) -> String {
     format!("pvio tapdisk: {e}")
-}
-
-/// Reads `dir/<name>` for each name in one round trip.
-async fn read_keys<const N: usize>(
-    xs: &Client,
-    dir: &str,
-    names: [&str; N],
-) -> Result<[Option<String>; N], BackendError> {
-    read_paths(xs, names.map(|k| format!("{dir}/{k}"))).await
-}
-
-/// Reads several nodes in one round trip, as text (`None` where missing).
-async fn read_paths<const N: usize>(
-    xs: &Client,
-    paths: [String; N],
-) -> Result<[Option<String>; N], BackendError> {
-    let mut values = xs.try_read_texts(&paths).await?.into_iter();
-    Ok(std::array::from_fn(|_| values.next().flatten()))
 }
 
 async fn run_async(cfg: TapdiskConfig) -> Result<(), BackendError> {

@@ -28,7 +28,7 @@ use pvio_hv::memory::FrameAllocator;
 use pvio_hv::{EventChannel, Gfn, GuestDomain, GuestMemory, HvClient};
 use pvio_poll::{AdaptiveConfig, HostLoad, PollPolicy, Poller};
 use pvio_ring::{FrontRing, GuestPages, RingProtocol};
-use pvio_xenstore::xenbus::{frontend_path, read_state, switch_state, wait_for_state};
+use pvio_xenstore::xenbus::{frontend_path, read_keys, read_state, switch_state, wait_for_state};
 use pvio_xenstore::Client;
 
 use crate::device::DiskInfo;
@@ -180,18 +180,6 @@ impl std::fmt::Debug for BlkFront {
     }
 }
 
-/// Reads `dir/<name>` for each name in one round trip.
-async fn read_keys<const N: usize>(
-    xs: &Client,
-    dir: &str,
-    names: [&str; N],
-) -> Result<[(String, Option<String>); N], FrontError> {
-    let paths: Vec<String> = names.iter().map(|k| format!("{dir}/{k}")).collect();
-    let values = xs.try_read_texts(&paths).await?;
-    let mut pairs = paths.into_iter().zip(values);
-    Ok(std::array::from_fn(|_| pairs.next().unwrap_or_default()))
-}
-
 /// A number a backend published at `path`, `default` where it did not.
 fn parse_num<T: std::str::FromStr>(
     path: &str,
@@ -230,13 +218,15 @@ pub async fn connect(
     }
     let domid = res.client.domid();
     let fe_dir = frontend_path(domid, "vbd", cfg.devid);
-    let [(_, be_dir), (p, id)] = read_keys(&xs, &fe_dir, [fk::BACKEND, fk::BACKEND_ID]).await?;
+    let f = |k: &str| format!("{fe_dir}/{k}");
+    let [be_dir, id] = read_keys(&xs, &fe_dir, [fk::BACKEND, fk::BACKEND_ID]).await?;
     let be_dir = be_dir.ok_or(pvio_xenstore::Error::Xen(pvio_xenstore::XsError::Enoent))?;
-    let backend_id: DomId = parse_num(&p, id, 0)?;
+    let backend_id: DomId = parse_num(&f(fk::BACKEND_ID), id, 0)?;
     let deadline = Instant::now() + cfg.timeout;
     let s = wait_for_state(&xs, &be_dir, deadline, |s| s >= XenbusState::InitWait).await?;
     not_closed(s)?;
-    let [(p1, v1), (p2, v2), (p3, v3), (p4, v4)] = read_keys(
+    let b = |k: &str| format!("{be_dir}/{k}");
+    let [q, order, indirect, persistent] = read_keys(
         &xs,
         &be_dir,
         [
@@ -247,10 +237,10 @@ pub async fn connect(
         ],
     )
     .await?;
-    let max_q: u32 = parse_num(&p1, v1, 1)?;
-    let max_order: u32 = parse_num(&p2, v2, 0)?;
-    let max_indirect: u32 = parse_num(&p3, v3, 0)?;
-    let be_persistent: u32 = parse_num(&p4, v4, 0)?;
+    let max_q: u32 = parse_num(&b(bk::MULTI_QUEUE_MAX_QUEUES), q, 1)?;
+    let max_order: u32 = parse_num(&b(bk::MAX_RING_PAGE_ORDER), order, 0)?;
+    let max_indirect: u32 = parse_num(&b(bk::FEATURE_MAX_INDIRECT_SEGMENTS), indirect, 0)?;
+    let be_persistent: u32 = parse_num(&b(bk::FEATURE_PERSISTENT), persistent, 0)?;
     let nq = cfg.queues.clamp(1, max_q.max(1));
     let order = cfg
         .ring_order
@@ -430,7 +420,8 @@ impl BlkFront {
         })
         .await?;
         not_closed(s)?;
-        let [(p1, v1), (p2, v2), (p3, v3), (p4, v4), (p5, v5)] = read_keys(
+        let b = |k: &str| format!("{}/{k}", self.be_dir);
+        let [ss, n, info, flush, discard] = read_keys(
             &self.xs,
             &self.be_dir,
             [
@@ -442,12 +433,12 @@ impl BlkFront {
             ],
         )
         .await?;
-        let sector_size: u32 = parse_num(&p1, v1, 512)?;
-        let sectors: u64 = parse_num(&p2, v2, 0)?;
-        let info: u32 = parse_num(&p3, v3, 0)?;
+        let sector_size: u32 = parse_num(&b(bk::SECTOR_SIZE), ss, 512)?;
+        let sectors: u64 = parse_num(&b(bk::SECTORS), n, 0)?;
+        let info: u32 = parse_num(&b(bk::INFO), info, 0)?;
         if sector_size < 512 || !sector_size.is_power_of_two() {
             return Err(FrontError::BadBackendKey {
-                key: p1,
+                key: b(bk::SECTOR_SIZE),
                 value: sector_size.to_string(),
             });
         }
@@ -455,8 +446,8 @@ impl BlkFront {
             sectors,
             sector_size,
             read_only: info & VDISK_READONLY != 0,
-            flush: parse_num::<u32>(&p4, v4, 0)? == 1,
-            discard: parse_num::<u32>(&p5, v5, 0)? == 1,
+            flush: parse_num::<u32>(&b(bk::FEATURE_FLUSH_CACHE), flush, 0)? == 1,
+            discard: parse_num::<u32>(&b(bk::FEATURE_DISCARD), discard, 0)? == 1,
             max_request_bytes: self.info.max_request_bytes,
         };
         switch_state(&self.xs, &self.fe_dir, XenbusState::Connected).await?;

@@ -36,6 +36,10 @@ pub use load::{HostLoad, LoadView};
 pub use policy::{AdaptiveConfig, Idle, Pickup, PollPolicy, Poller, Tapdisk3Config};
 pub use stats::PollStats;
 
+/// A stretch between two turns of a spin loop longer than this is time the
+/// spinner lost (a turn takes well under a µs; an interrupt a few µs).
+pub const LOST_GAP_NS: u64 = 20_000;
+
 /// Nanoseconds on the monotonic clock.
 pub fn now_ns() -> u64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);

@@ -1,6 +1,6 @@
 //! The host-load gate: pollers must not take CPU that others need.
 //!
-//! Two measures, one per policy that uses it:
+//! Three measures:
 //!
 //! * **idle %**, as tapdisk3's `cpumond` computes it: every sampling period
 //!   (1 s by default) read the first `cpu` line of `/proc/stat` and compute
@@ -31,6 +31,13 @@
 //!   polling stays under 25%, 25 VMs booting at once hold 30–100%, and
 //!   there polling only takes CPU from the others (50 VMs booted in
 //!   14.0 s with polling before this gate, 12.2 s with polling off).
+//! * **steal**: the share of all CPUs' time the hypervisor gave to
+//!   something else while this machine's vCPUs wanted to run (`/proc/stat`'s
+//!   8th field), over the last [`STEAL_WINDOW`], sampled with the pressure.
+//!   On a VM whose virtual disk is emulated on the physical CPUs its vCPUs
+//!   use, it is the disk's share taken back from spinning vCPUs; the
+//!   adaptive policy stops spinning for one of several items in flight when
+//!   it is high (see `policy::STEAL_LIMIT_PCT`).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -44,6 +51,10 @@ pub const PRESSURE_LIMIT_PCT: f32 = 50.0;
 /// as contended (kernel threads that run a few µs now and then stay far
 /// below; a task sharing its CPU takes half of it).
 pub const CROWDED_PCT: u64 = 20;
+
+/// Over how long the steal percentage is measured (`/proc/stat` counts in
+/// 10 ms ticks: on 2 CPUs, one tick in 200 ms is 2.5%).
+pub const STEAL_WINDOW: Duration = Duration::from_millis(200);
 
 /// How often CPU pressure is sampled.
 const PRESSURE_PERIOD: Duration = Duration::from_millis(100);
@@ -60,6 +71,11 @@ pub trait LoadView {
     fn idle_pct(&self) -> f32;
     /// Whether tasks are waiting for a CPU right now.
     fn contended(&self, now_ns: u64) -> bool;
+    /// Percentage of the CPUs' time the hypervisor took from this machine
+    /// over the last [`STEAL_WINDOW`] (0 where nothing measures it).
+    fn steal_pct(&self) -> f32 {
+        0.0
+    }
 }
 
 /// Aggregate CPU counters from `/proc/stat`'s first line.
@@ -67,6 +83,9 @@ pub trait LoadView {
 pub struct CpuTimes {
     pub idle: u64,
     pub total: u64,
+    /// Time the hypervisor ran something else while a vCPU wanted to run
+    /// (the 8th field; 0 on bare metal and on older kernels).
+    pub steal: u64,
 }
 
 /// Parses the first `cpu ` line of `/proc/stat`.
@@ -83,6 +102,7 @@ pub fn parse_proc_stat(text: &str) -> Option<CpuTimes> {
     Some(CpuTimes {
         idle: fields[3],
         total: fields.iter().sum(),
+        steal: fields.get(7).copied().unwrap_or(0),
     })
 }
 
@@ -93,6 +113,15 @@ pub fn idle_between(a: CpuTimes, b: CpuTimes) -> f32 {
         return 0.0;
     }
     100.0 * b.idle.saturating_sub(a.idle) as f32 / dt as f32
+}
+
+/// Stolen percentage between two samples (0 when no time passed).
+pub fn steal_between(a: CpuTimes, b: CpuTimes) -> f32 {
+    let dt = b.total.saturating_sub(a.total);
+    if dt == 0 {
+        return 0.0;
+    }
+    100.0 * b.steal.saturating_sub(a.steal) as f32 / dt as f32
 }
 
 /// Parses the cumulative `some` stall time (µs) from `/proc/pressure/cpu`
@@ -147,6 +176,8 @@ struct Shared {
     pressure_bits: AtomicU32,
     /// Pressure reached the limit within the last [`PRESSURE_HOLD`].
     pressured: AtomicBool,
+    /// Steal over the last [`STEAL_WINDOW`], in %.
+    steal_bits: AtomicU32,
     cpus: u32,
     recheck_ns: u64,
     stop: AtomicBool,
@@ -195,7 +226,8 @@ impl std::fmt::Debug for HostLoad {
 }
 
 impl HostLoad {
-    /// Starts sampling `/proc/stat` every `period` (cpumond: 1 s).
+    /// Starts sampling: idle % every `period` (cpumond: 1 s), CPU pressure
+    /// and steal every 100 ms (or `period`, if shorter).
     pub fn start(period: Duration) -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
         let psi = cpu_stall_us().is_some();
@@ -205,6 +237,7 @@ impl HostLoad {
             // Until the first sample, pressure is unknown: stand back (a
             // VM started in a storm must not poll before it can tell).
             pressured: AtomicBool::new(psi),
+            steal_bits: AtomicU32::new(0f32.to_bits()),
             cpus,
             recheck_ns: 2_000_000,
             stop: AtomicBool::new(false),
@@ -228,6 +261,9 @@ impl HostLoad {
                 let tick = period.min(PRESSURE_PERIOD);
                 let mut prev = read();
                 let mut prev_at = std::time::Instant::now();
+                // /proc/stat every tick, for steal over the last window.
+                let window = (STEAL_WINDOW.as_millis() / tick.as_millis().max(1)).max(1) as usize;
+                let mut recent: std::collections::VecDeque<CpuTimes> = prev.into_iter().collect();
                 let mut prev_stall = stall();
                 let mut pressured_at: Option<std::time::Instant> = None;
                 let mut unasked = Duration::ZERO;
@@ -248,6 +284,7 @@ impl HostLoad {
                         // "unknown" as at start-up.
                         sh.idle_bits.store(0f32.to_bits(), Ordering::Relaxed);
                         sh.pressured.store(psi, Ordering::Relaxed);
+                        sh.steal_bits.store(0f32.to_bits(), Ordering::Relaxed);
                         sh.parked.store(true, Ordering::Release);
                         drop(sh);
                         loop {
@@ -265,6 +302,7 @@ impl HostLoad {
                         prev = read();
                         prev_at = std::time::Instant::now();
                         prev_stall = stall();
+                        recent = prev.into_iter().collect();
                         continue;
                     }
                     let cur_stall = stall();
@@ -279,11 +317,21 @@ impl HostLoad {
                         sh.pressured.store(held, Ordering::Relaxed);
                     }
                     prev_stall = cur_stall;
+                    let cur = read();
+                    if let Some(c) = cur {
+                        recent.push_back(c);
+                        while recent.len() > window + 1 {
+                            recent.pop_front();
+                        }
+                        if let (Some(&a), Some(&b)) = (recent.front(), recent.back()) {
+                            sh.steal_bits
+                                .store(steal_between(a, b).to_bits(), Ordering::Relaxed);
+                        }
+                    }
                     if prev_at.elapsed() < period {
                         continue;
                     }
                     prev_at = std::time::Instant::now();
-                    let cur = read();
                     if let (Some(a), Some(b)) = (prev, cur) {
                         sh.idle_bits
                             .store(idle_between(a, b).to_bits(), Ordering::Relaxed);
@@ -314,6 +362,7 @@ impl HostLoad {
                 idle_bits: AtomicU32::new(idle_pct.to_bits()),
                 pressure_bits: AtomicU32::new(0f32.to_bits()),
                 pressured: AtomicBool::new(false),
+                steal_bits: AtomicU32::new(0f32.to_bits()),
                 cpus: 1,
                 recheck_ns: u64::MAX,
                 stop: AtomicBool::new(true),
@@ -338,6 +387,11 @@ impl HostLoad {
     /// CPU pressure over the last sample, in %.
     pub fn pressure_pct(&self) -> f32 {
         f32::from_bits(self.shared.pressure_bits.load(Ordering::Relaxed))
+    }
+
+    /// Steal over the last [`STEAL_WINDOW`], in %.
+    pub fn steal_pct(&self) -> f32 {
+        f32::from_bits(self.shared.steal_bits.load(Ordering::Relaxed))
     }
 
     /// Sets the pressure figure as one sample would (tests of the gate;
@@ -418,6 +472,11 @@ impl LoadView for HostLoad {
         }
         self.crowded(now_ns)
     }
+
+    fn steal_pct(&self) -> f32 {
+        self.shared.ask();
+        HostLoad::steal_pct(self)
+    }
 }
 
 #[cfg(test)]
@@ -432,14 +491,20 @@ mod tests {
             c,
             CpuTimes {
                 idle: 800,
-                total: 1000
+                total: 1000,
+                steal: 0,
             }
         );
         let d = CpuTimes {
             idle: 900,
             total: 1200,
+            steal: 20,
         };
         assert_eq!(idle_between(c, d), 50.0);
+        assert_eq!(steal_between(c, d), 10.0);
+        assert_eq!(steal_between(c, c), 0.0);
+        let stolen = parse_proc_stat("cpu  100 0 50 800 50 0 0 7 0 0\n").unwrap();
+        assert_eq!(stolen.steal, 7);
         assert_eq!(idle_between(c, c), 0.0);
         assert!(parse_proc_stat("cpu 1 2\n").is_none());
         assert!(parse_proc_stat("nothing").is_none());

@@ -27,6 +27,24 @@ use crate::stats::PollStats;
 /// Timer lateness assumed before any has been measured.
 const DEFAULT_TIMER_LATE_NS: f64 = 30_000.0;
 
+/// Steal (the share of the CPUs' time the hypervisor took from this
+/// machine, [`LoadView::steal_pct`]) at which a consumer waiting on more
+/// than one item in flight stops spinning. On a VM whose virtual disk is
+/// emulated on the physical CPUs its vCPUs run on, a spinning vCPU takes
+/// the CPU the disk needs: measured on a 2-vCPU KVM guest at queue depth
+/// 32, fio alone showed 0% steal, pvio with both ends blocking 4.6%, with
+/// both ends spinning 28% and 10% fewer IOPS. A host whose spare CPUs let
+/// spinning cost nothing shows none, and keeps the spin for a batch.
+pub const STEAL_LIMIT_PCT: f32 = 10.0;
+
+/// How long a consumer stands back from spinning with several items in
+/// flight once steal reached [`STEAL_LIMIT_PCT`] (the steal its spinning
+/// caused goes when it stops, so the figure cannot say when to resume).
+/// Doubles, up to [`STEAL_HOLD_MAX_NS`], when steal is back within two
+/// holds of trying again.
+const STEAL_HOLD_NS: u64 = 500_000_000;
+const STEAL_HOLD_MAX_NS: u64 = 8_000_000_000;
+
 /// tapdisk3's rule (xapi defaults: `polling-duration` 1000 µs,
 /// `polling-idle-threshold` 50 %).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -299,6 +317,15 @@ pub struct Poller {
     margin_ns: f64,
     /// Adaptive: the deadline of the timer that last woke the consumer.
     last_deadline: Option<u64>,
+    /// The spinning consumer's last look at the ring.
+    last_look: Option<u64>,
+    /// Items the consumer waits on (requests or I/O in flight), as it last
+    /// said with [`Poller::in_flight`].
+    in_flight: usize,
+    /// Adaptive: until when it stands back from spinning with several items
+    /// in flight (steal reached the limit), and how long that lasts.
+    stolen_until: Option<u64>,
+    steal_hold_ns: u64,
 }
 
 impl Poller {
@@ -322,7 +349,39 @@ impl Poller {
             skip_predictions: 0,
             margin_ns: 0.0,
             last_deadline: None,
+            last_look: None,
+            in_flight: 1,
+            stolen_until: None,
+            steal_hold_ns: STEAL_HOLD_NS,
         }
+    }
+
+    /// The consumer is about to wait on `n` items in flight (I/O it
+    /// submitted, requests it sent). Spinning for one of several pays only
+    /// where spinning is free: on a host that takes CPU from this machine
+    /// for the disk (see [`STEAL_LIMIT_PCT`]), the disk still has the others
+    /// to work on, and the CPU the spin takes slows it more than the pickup
+    /// gains.
+    pub fn in_flight(&mut self, n: usize) {
+        self.in_flight = n;
+    }
+
+    /// Whether the poller stands back from spinning with several items in
+    /// flight at `now` because the hypervisor took time from this machine.
+    pub fn standing_back(&self, now: u64) -> bool {
+        self.stolen_until.is_some_and(|t| now < t)
+    }
+
+    /// Steal has reached the limit at `now`: stand back for a hold, a
+    /// longer one if the last ended only just before.
+    fn stand_back(&mut self, now: u64) {
+        self.steal_hold_ns = match self.stolen_until {
+            Some(t) if now < t.saturating_add(2 * self.steal_hold_ns) => {
+                (self.steal_hold_ns * 2).min(STEAL_HOLD_MAX_NS)
+            }
+            _ => STEAL_HOLD_NS,
+        };
+        self.stolen_until = Some(now + self.steal_hold_ns);
     }
 
     /// The policy.
@@ -353,7 +412,22 @@ impl Poller {
         self.served = self.served.saturating_add(n as u64);
     }
 
+    /// The spinning consumer looked at the ring at `now` (call it on every
+    /// turn of the spin loop): a long stretch since the last look is time
+    /// the spinner lost.
+    #[inline]
+    pub fn looked(&mut self, now: u64) {
+        if let Some(prev) = self.last_look.replace(now) {
+            let d = now.saturating_sub(prev);
+            if d > crate::LOST_GAP_NS {
+                self.stats.lost_ns += d;
+                self.stats.lost_gaps += 1;
+            }
+        }
+    }
+
     fn end_spin(&mut self, now: u64, hit: bool) {
+        self.last_look = None;
         if let Some(s) = self.spin_start.take() {
             self.stats.spin_ns += now.saturating_sub(s);
             if hit {
@@ -569,6 +643,17 @@ impl Poller {
         if load.contended(now) {
             self.stats.busy_refusals += 1;
             return self.block(now, None);
+        }
+        // With several items in flight the disk has work while we sleep:
+        // spinning for one pays only where it takes no CPU the disk needs.
+        if self.in_flight > 1 {
+            if !self.standing_back(now) && load.steal_pct() >= STEAL_LIMIT_PCT {
+                self.stand_back(now);
+            }
+            if self.standing_back(now) {
+                self.stats.steal_refusals += 1;
+                return self.block(now, None);
+            }
         }
         if spin_pays {
             self.expecting = true;
@@ -980,6 +1065,116 @@ mod tests {
         }
         assert_eq!(p.idle(now + 10, &Contended), Idle::Block { wake_at: None });
         assert!(p.stats().busy_refusals >= 1);
+    }
+
+    /// A load view whose steal is set by the test.
+    struct Stealing(std::cell::Cell<f32>);
+
+    impl LoadView for Stealing {
+        fn idle_pct(&self) -> f32 {
+            100.0
+        }
+        fn contended(&self, _now: u64) -> bool {
+            false
+        }
+        fn steal_pct(&self) -> f32 {
+            self.0.get()
+        }
+    }
+
+    /// A poller that learned arrivals 1 µs apart (it spins for them).
+    fn trained(load: &dyn LoadView) -> (Poller, u64) {
+        let mut p = Poller::new(PollPolicy::Adaptive(AdaptiveConfig::default()));
+        let mut now = 0;
+        for _ in 0..20 {
+            let _ = p.idle(now, load);
+            now += 1_000;
+            p.arrived(now, Pickup::Polled, load);
+        }
+        (p, now)
+    }
+
+    #[test]
+    fn steal_stops_spinning_only_for_one_of_several_in_flight() {
+        let load = Stealing(std::cell::Cell::new(30.0));
+        let (mut p, now) = trained(&load);
+        // One item in flight: the disk idles until it is picked up, so the
+        // spin pays even on a host that takes CPU from this machine.
+        p.in_flight(1);
+        assert!(matches!(p.idle(now + 10, &load), Idle::Spin { .. }));
+        p.arrived(now + 20, Pickup::Polled, &load);
+        // Several: the disk has the others to work on.
+        p.in_flight(32);
+        assert_eq!(p.idle(now + 30, &load), Idle::Block { wake_at: None });
+        assert_eq!(p.stats().steal_refusals, 1);
+        assert!(p.standing_back(now + 30));
+    }
+
+    #[test]
+    fn without_steal_a_batch_is_still_spun_for() {
+        let load = Stealing(std::cell::Cell::new(STEAL_LIMIT_PCT - 1.0));
+        let (mut p, now) = trained(&load);
+        p.in_flight(32);
+        assert!(matches!(p.idle(now + 10, &load), Idle::Spin { .. }));
+        assert_eq!(p.stats().steal_refusals, 0);
+    }
+
+    #[test]
+    fn standing_back_holds_then_retries_and_holds_longer_if_steal_is_back() {
+        let load = Stealing(std::cell::Cell::new(30.0));
+        let (mut p, mut now) = trained(&load);
+        p.in_flight(32);
+        let wait = |p: &mut Poller, now: &mut u64, load: &Stealing| {
+            let idle = p.idle(*now, load);
+            *now += 1_000;
+            p.arrived(*now, Pickup::Event, load);
+            idle
+        };
+        assert!(matches!(wait(&mut p, &mut now, &load), Idle::Block { .. }));
+        // Blocking ends the steal it caused; the hold still stands.
+        load.0.set(0.0);
+        now += STEAL_HOLD_NS / 2;
+        assert!(matches!(wait(&mut p, &mut now, &load), Idle::Block { .. }));
+        // After the hold it spins again...
+        now += STEAL_HOLD_NS;
+        assert!(!p.standing_back(now));
+        assert!(matches!(wait(&mut p, &mut now, &load), Idle::Spin { .. }));
+        // ...and steal coming back at once doubles the next hold.
+        load.0.set(30.0);
+        let from = now;
+        assert!(matches!(wait(&mut p, &mut now, &load), Idle::Block { .. }));
+        load.0.set(0.0);
+        assert!(p.standing_back(from + STEAL_HOLD_NS + STEAL_HOLD_NS / 2));
+        assert!(!p.standing_back(from + 2 * STEAL_HOLD_NS + 2_000));
+        // Steal seen again long after a hold ended starts from the first.
+        now = from + 20 * STEAL_HOLD_NS;
+        load.0.set(30.0);
+        let from = now;
+        assert!(matches!(wait(&mut p, &mut now, &load), Idle::Block { .. }));
+        assert!(!p.standing_back(from + STEAL_HOLD_NS + 2_000));
+    }
+
+    #[test]
+    fn stretches_a_spinner_did_not_run_count_as_lost() {
+        let load = HostLoad::fixed(100.0);
+        let (mut p, now) = trained(&load);
+        let Idle::Spin { .. } = p.idle(now, &load) else {
+            panic!("a trained poller spins");
+        };
+        let mut t = now;
+        for step in [
+            100,
+            200,
+            crate::LOST_GAP_NS + 1,
+            300,
+            5 * crate::LOST_GAP_NS,
+        ] {
+            t += step;
+            p.looked(t);
+        }
+        p.arrived(t, Pickup::Polled, &load);
+        assert_eq!(p.stats().lost_gaps, 2);
+        assert_eq!(p.stats().lost_ns, 6 * crate::LOST_GAP_NS + 1);
     }
 
     #[test]

@@ -21,4 +21,15 @@ pub struct PollStats {
     pub spin_ns: u64,
     /// Spins refused because other tasks were waiting for a CPU.
     pub busy_refusals: u64,
+    /// Of `spin_ns`, the time the spinning thread did not run: stretches
+    /// between two looks at the ring longer than [`crate::LOST_GAP_NS`]
+    /// (an interrupt, another task, or — on a virtual machine — the
+    /// hypervisor running something else on this vCPU's physical CPU).
+    pub lost_ns: u64,
+    /// How many such stretches.
+    pub lost_gaps: u64,
+    /// Spins refused because the hypervisor takes time from this machine
+    /// (see [`crate::policy::STEAL_LIMIT_PCT`]) and the consumer waits on
+    /// more than one item in flight.
+    pub steal_refusals: u64,
 }

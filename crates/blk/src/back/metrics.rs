@@ -49,6 +49,12 @@ counters! {
     poll_hits,
     /// Nanoseconds spent spinning.
     poll_ns,
+    /// Of `poll_ns`, stretches the spinning thread did not run (interrupts,
+    /// other tasks, or the hypervisor running something else).
+    poll_lost_ns,
+    /// Spins refused because the hypervisor took CPU time from this machine
+    /// while the queue had several requests' I/O in flight.
+    steal_refusals,
     /// Timer wake-ups before a predicted arrival.
     timed_sleeps,
     /// CPU time of the queue's thread, in ns.

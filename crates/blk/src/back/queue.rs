@@ -765,6 +765,8 @@ impl Queue {
         QueueMetrics::set(&m.polls, s.polls);
         QueueMetrics::set(&m.poll_hits, s.poll_hits);
         QueueMetrics::set(&m.poll_ns, s.spin_ns);
+        QueueMetrics::set(&m.poll_lost_ns, s.lost_ns);
+        QueueMetrics::set(&m.steal_refusals, s.steal_refusals);
         QueueMetrics::set(&m.timed_sleeps, s.timed_blocks);
         if with_cpu {
             QueueMetrics::set(&m.cpu_ns, pvio_poll::thread_cpu_ns());
@@ -787,6 +789,23 @@ impl Queue {
             let _ = self.chan.notify();
         }
         self.export_poll_stats(true);
+        let (req, io) = self.waiter.stats_apart();
+        for (waiting_for, s) in [("requests", req), ("I/O", io)] {
+            tracing::debug!(
+                queue = self.index,
+                waiting_for,
+                arrivals = s.arrivals,
+                poll_hits = s.poll_hits,
+                woken = s.woken,
+                polls = s.polls,
+                blocks = s.blocks,
+                spin_us = s.spin_ns / 1000,
+                lost_us = s.lost_ns / 1000,
+                steal_refusals = s.steal_refusals,
+                busy_refusals = s.busy_refusals,
+                "backend queue polling"
+            );
+        }
         self.grants.unmap_all();
     }
 }

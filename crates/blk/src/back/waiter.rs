@@ -64,6 +64,12 @@ impl Waiter {
         }
     }
 
+    /// The counters of the poller waiting for requests and of the one
+    /// waiting for I/O, apart.
+    pub fn stats_apart(&self) -> (PollStats, PollStats) {
+        (*self.req.stats(), *self.io.stats())
+    }
+
     /// The two pollers' counters, summed.
     pub fn stats(&self) -> PollStats {
         let (a, b) = (self.req.stats(), self.io.stats());
@@ -77,6 +83,9 @@ impl Waiter {
             timed_blocks: a.timed_blocks + b.timed_blocks,
             spin_ns: a.spin_ns + b.spin_ns,
             busy_refusals: a.busy_refusals + b.busy_refusals,
+            lost_ns: a.lost_ns + b.lost_ns,
+            lost_gaps: a.lost_gaps + b.lost_gaps,
+            steal_refusals: a.steal_refusals + b.steal_refusals,
         }
     }
 
@@ -107,13 +116,15 @@ impl Waiter {
         stop: BorrowedFd<'_>,
         stopping: &dyn Fn() -> bool,
     ) -> Result<Woken, WaitError> {
-        let waiting_io = engine.as_ref().is_some_and(|e| e.in_flight() > 0);
+        let in_flight = engine.as_ref().map_or(0, |e| e.in_flight());
+        let waiting_io = in_flight > 0;
         let now = pvio_poll::now_ns();
         let poller = if waiting_io {
             &mut self.io
         } else {
             &mut self.req
         };
+        poller.in_flight(in_flight);
         match poller.idle(now, &self.load) {
             Idle::Spin { until } => {
                 if !self.suppressed {
@@ -131,7 +142,13 @@ impl Waiter {
                         self.arrived(waiting_io, pvio_poll::now_ns(), Pickup::Polled);
                         break;
                     }
-                    if pvio_poll::now_ns() >= until {
+                    let t = pvio_poll::now_ns();
+                    if waiting_io {
+                        self.io.looked(t);
+                    } else {
+                        self.req.looked(t);
+                    }
+                    if t >= until {
                         break;
                     }
                     std::hint::spin_loop();

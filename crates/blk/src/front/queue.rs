@@ -375,9 +375,11 @@ impl BlockDevice for BlkQueue {
                 self.poller.served(n);
                 return Ok(n);
             }
-            if Self::in_flight(&shared.lock()) == 0 {
+            let in_flight = Self::in_flight(&shared.lock());
+            if in_flight == 0 {
                 return Ok(0);
             }
+            self.poller.in_flight(in_flight);
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(0);
             }
@@ -403,6 +405,7 @@ impl BlockDevice for BlkQueue {
                             break;
                         }
                         let t = pvio_poll::now_ns();
+                        self.poller.looked(t);
                         if t >= until || deadline.is_some_and(|d| Instant::now() >= d) {
                             break;
                         }
@@ -492,6 +495,9 @@ impl Drop for BlkQueue {
             blocks = s.blocks,
             timed = s.timed_blocks,
             spin_us = s.spin_ns / 1000,
+            lost_us = s.lost_ns / 1000,
+            lost_gaps = s.lost_gaps,
+            steal_refusals = s.steal_refusals,
             busy_refusals = s.busy_refusals,
             gap = ?self.poller.learned_gap(),
             batch = self.poller.learned_batch(),

@@ -31,6 +31,7 @@ pub mod charts;
 pub mod fio;
 pub mod gap;
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -83,9 +84,10 @@ pub struct Args {
     #[arg(long, default_value = "split")]
     pub placement: Placement,
     /// pvio modes of the QD1/QD32 phase (comma-separated: off, tapdisk3,
-    /// adaptive, spin); `adaptive` and `off` are needed for the ratios.
+    /// adaptive, spin, or BACKEND:FRONTEND for one policy at each end, such
+    /// as `spin:off`); `adaptive` and `off` are needed for the ratios.
     #[arg(long, value_delimiter = ',', default_value = "off,tapdisk3,adaptive", value_parser = parse_mode)]
-    pub modes: Vec<&'static str>,
+    pub modes: Vec<Mode>,
     /// Rounds of the QD1/QD32 phase: fio and every mode take turns this
     /// many times, `--runtime` divided among the rounds, so a drift of the
     /// disk's speed during the run weighs on all of them alike.
@@ -129,9 +131,9 @@ impl Args {
 
 /// A pvio polling mode of the QD1/QD32 phase: its name, the backend's
 /// `pvio-polling` and the frontend's `--polling`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Mode {
-    name: &'static str,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mode {
+    name: std::borrow::Cow<'static, str>,
     backend: &'static str,
     frontend: &'static str,
 }
@@ -140,35 +142,53 @@ struct Mode {
 /// `tapdisk3` (XenServer's rule in the backend; the frontend blocks, as
 /// Linux blkfront does), `adaptive` (pvio's poller at both ends) and
 /// `spin` (both ends always poll: the latency floor, at a core each).
+/// `BACKEND:FRONTEND` names any other pair of [`POLICIES`].
 const MODES: [Mode; 4] = [
     Mode {
-        name: "off",
+        name: Cow::Borrowed("off"),
         backend: "off",
         frontend: "off",
     },
     Mode {
-        name: "tapdisk3",
+        name: Cow::Borrowed("tapdisk3"),
         backend: "tapdisk3",
         frontend: "off",
     },
     Mode {
-        name: "adaptive",
+        name: Cow::Borrowed("adaptive"),
         backend: "adaptive",
         frontend: "adaptive",
     },
     Mode {
-        name: "spin",
+        name: Cow::Borrowed("spin"),
         backend: "spin",
         frontend: "spin",
     },
 ];
 
-fn parse_mode(s: &str) -> Result<&'static str, String> {
-    MODES
-        .iter()
-        .find(|m| m.name == s)
-        .map(|m| m.name)
-        .ok_or_else(|| format!("unknown mode {s:?} (expected off, tapdisk3, adaptive or spin)"))
+/// The polling policies either end takes.
+const POLICIES: [&str; 4] = ["off", "tapdisk3", "adaptive", "spin"];
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    if let Some(m) = MODES.iter().find(|m| m.name == s) {
+        return Ok(m.clone());
+    }
+    let policy = |p: &str| POLICIES.iter().find(|&&q| q == p).copied();
+    match s.split_once(':') {
+        Some((b, f)) => match (policy(b), policy(f)) {
+            (Some(backend), Some(frontend)) => Ok(Mode {
+                name: Cow::Owned(s.to_string()),
+                backend,
+                frontend,
+            }),
+            _ => Err(format!(
+                "unknown policy in mode {s:?} (BACKEND:FRONTEND, each off, tapdisk3, adaptive or spin)"
+            )),
+        },
+        None => Err(format!(
+            "unknown mode {s:?} (expected off, tapdisk3, adaptive, spin or BACKEND:FRONTEND)"
+        )),
+    }
 }
 
 struct Run<'a> {
@@ -330,11 +350,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // 1. QD1 and QD32, fio and the modes taking turns.
     let rounds = args.rounds.unwrap_or(if q { 2 } else { 4 }).max(1);
     let turn = runtime / f64::from(rounds);
-    let modes: Vec<Mode> = MODES
-        .iter()
-        .filter(|m| args.modes.contains(&m.name))
-        .copied()
-        .collect();
+    let mut modes: Vec<Mode> = Vec::new();
+    for m in &args.modes {
+        if !modes.contains(m) {
+            modes.push(m.clone());
+        }
+    }
     let mut qd = serde_json::Map::new();
     let mut text = String::new();
     for depth in [1u32, 32] {
@@ -354,7 +375,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     m.name
                 ));
                 let (d, _vbd, tap) = r.disk(
-                    &format!("qd{depth}-{}-{round}", m.name),
+                    &format!("qd{depth}-{}-{round}", m.name.replace(':', "-")),
                     m.backend,
                     &[],
                     &[],
@@ -384,7 +405,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let iops = mean(&samples[i + 1]);
             row.insert(format!("{}_iops", m.name), json!(iops.round()));
             per_round.insert(
-                m.name.into(),
+                m.name.to_string(),
                 json!(samples[i + 1].iter().map(|x| x.round()).collect::<Vec<_>>()),
             );
             line.push_str(&format!("   {} {iops:>8.0}", m.name));
@@ -707,4 +728,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ));
     emit(args.json, &value, &text);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_name_both_ends_or_a_pair() {
+        let a = parse_mode("adaptive").unwrap();
+        assert_eq!((a.backend, a.frontend), ("adaptive", "adaptive"));
+        let t = parse_mode("tapdisk3").unwrap();
+        assert_eq!((t.backend, t.frontend), ("tapdisk3", "off"));
+        let p = parse_mode("spin:off").unwrap();
+        assert_eq!(
+            (p.name.as_ref(), p.backend, p.frontend),
+            ("spin:off", "spin", "off")
+        );
+        for bad in ["", "fast", "spin:", ":off", "spin:fast", "a:b:c"] {
+            assert!(parse_mode(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

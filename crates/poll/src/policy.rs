@@ -1086,14 +1086,25 @@ mod tests {
         let mut all = Vec::new();
         for n in 0..200 {
             // A few repeats and a wide range, as gaps have.
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let v = if n % 7 == 0 { 5.0 } else { ((x >> 33) % 1000) as f64 };
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let v = if n % 7 == 0 {
+                5.0
+            } else {
+                ((x >> 33) % 1000) as f64
+            };
             r.add(v);
             all.push(v);
             let mut w: Vec<f64> = all[all.len().saturating_sub(RECENT)..].to_vec();
             w.sort_unstable_by(f64::total_cmp);
             let at = |f: usize| w[(w.len() - 1) * f / 4];
-            assert_eq!(r.quartiles(), [at(1), at(2), at(3)], "after {} samples", n + 1);
+            assert_eq!(
+                r.quartiles(),
+                [at(1), at(2), at(3)],
+                "after {} samples",
+                n + 1
+            );
         }
     }
 

@@ -33,3 +33,42 @@ pub struct PollStats {
     /// more than one item in flight.
     pub steal_refusals: u64,
 }
+
+impl std::fmt::Display for PollStats {
+    /// One line of `name=value` pairs, for logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "arrivals={} poll_hits={} woken={} polls={} poll_misses={} blocks={} timed_blocks={} \
+             spin_us={} lost_us={} lost_gaps={} busy_refusals={} steal_refusals={}",
+            self.arrivals,
+            self.poll_hits,
+            self.woken,
+            self.polls,
+            self.poll_misses,
+            self.blocks,
+            self.timed_blocks,
+            self.spin_ns / 1000,
+            self.lost_ns / 1000,
+            self.lost_gaps,
+            self.busy_refusals,
+            self.steal_refusals,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn displays_every_counter_once() {
+        let s = super::PollStats {
+            spin_ns: 5_000,
+            steal_refusals: 3,
+            ..Default::default()
+        };
+        let line = s.to_string();
+        assert!(line.contains("spin_us=5 "), "{line}");
+        assert!(line.ends_with("steal_refusals=3"), "{line}");
+        assert_eq!(line.split(' ').count(), 12, "{line}");
+    }
+}

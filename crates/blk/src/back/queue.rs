@@ -794,15 +794,7 @@ impl Queue {
             tracing::debug!(
                 queue = self.index,
                 waiting_for,
-                arrivals = s.arrivals,
-                poll_hits = s.poll_hits,
-                woken = s.woken,
-                polls = s.polls,
-                blocks = s.blocks,
-                spin_us = s.spin_ns / 1000,
-                lost_us = s.lost_ns / 1000,
-                steal_refusals = s.steal_refusals,
-                busy_refusals = s.busy_refusals,
+                stats = %s,
                 "backend queue polling"
             );
         }

@@ -485,20 +485,9 @@ pub(crate) fn resume(shared: &QueueShared) -> Result<(), String> {
 
 impl Drop for BlkQueue {
     fn drop(&mut self) {
-        let s = self.poller.stats();
         tracing::debug!(
             queue = self.index,
-            arrivals = s.arrivals,
-            poll_hits = s.poll_hits,
-            woken = s.woken,
-            polls = s.polls,
-            blocks = s.blocks,
-            timed = s.timed_blocks,
-            spin_us = s.spin_ns / 1000,
-            lost_us = s.lost_ns / 1000,
-            lost_gaps = s.lost_gaps,
-            steal_refusals = s.steal_refusals,
-            busy_refusals = s.busy_refusals,
+            stats = %self.poller.stats(),
             gap = ?self.poller.learned_gap(),
             batch = self.poller.learned_batch(),
             "frontend queue polling"

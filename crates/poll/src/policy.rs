@@ -244,7 +244,7 @@ impl Recent {
         self.len += 1;
     }
 
-    fn quartiles(&mut self) -> [f64; 3] {
+    fn quartiles(&self) -> [f64; 3] {
         if self.len == 0 {
             return [0.0; 3];
         }
@@ -253,18 +253,18 @@ impl Recent {
         [at(1), at(2), at(3)]
     }
 
-    fn median(&mut self) -> f64 {
+    fn median(&self) -> f64 {
         self.quartiles()[1]
     }
 
     /// Half the interquartile range (about two thirds of a standard
     /// deviation).
-    fn spread(&mut self) -> f64 {
+    fn spread(&self) -> f64 {
         let q = self.quartiles();
         (q[2] - q[0]) / 2.0
     }
 
-    fn p75(&mut self) -> f64 {
+    fn p75(&self) -> f64 {
         self.quartiles()[2]
     }
 }
@@ -409,8 +409,7 @@ impl Poller {
     /// The learned idle gap (median, half the interquartile range) in ns,
     /// for diagnostics.
     pub fn learned_gap(&self) -> (f64, f64) {
-        let mut g = self.gap;
-        (g.median(), g.spread())
+        (self.gap.median(), self.gap.spread())
     }
 
     /// The learned number of items an arrival brings, for diagnostics.

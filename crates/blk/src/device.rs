@@ -82,7 +82,9 @@ pub enum DeviceError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceCompletion {
     pub tag: u64,
-    /// Bytes transferred, or the failure.
+    /// The request's length in bytes for a read, write or discard (every
+    /// completed request moved all of its bytes), 0 for a flush; or the
+    /// failure.
     pub result: Result<u32, DeviceError>,
 }
 

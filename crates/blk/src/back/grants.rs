@@ -4,8 +4,9 @@
 //! reaches the granted frame through its mapping of the guest's memory.
 //! With `feature-persistent` the frontend reuses a fixed pool of granted
 //! pages, so a grant is mapped once and kept (Linux blkback keeps up to 1056
-//! per ring); without it, or once the cache is full, a request's grants are
-//! mapped for the request and unmapped when it completes.
+//! per ring); without it, or for the grants that no longer fit once the
+//! cache is full, a grant is mapped for the request and unmapped when the
+//! request completes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -44,6 +45,9 @@ pub struct GrantMapper {
     persistent: bool,
     max_persistent: usize,
     cache: HashMap<GrantRef, Held>,
+    /// Scratch for one call of [`GrantMapper::map`]: the frames of grants
+    /// mapped by that call.
+    fresh: HashMap<GrantRef, u32>,
     /// hvd round trips made.
     pub map_calls: u64,
 }
@@ -58,6 +62,7 @@ impl GrantMapper {
             persistent,
             max_persistent,
             cache: HashMap::new(),
+            fresh: HashMap::new(),
             map_calls: 0,
         }
     }
@@ -68,9 +73,16 @@ impl GrantMapper {
     }
 
     /// Frames for `grefs`, in order. `backend_writes` says whether the
-    /// backend will write into the pages (a disk read): otherwise they are
-    /// mapped read-only. Handles to release when the request completes are
-    /// appended to `temp` (grants not kept persistently).
+    /// backend will write into the pages (a disk read): otherwise grants
+    /// mapped for this request only are mapped read-only. Handles to release
+    /// when the request completes are appended to `temp`.
+    ///
+    /// As Linux blkback does, grants the cache already holds are used from
+    /// it, new grants are kept while the cache has room, and only the rest
+    /// are mapped for this request: a request may mix all three. A grant
+    /// named twice in one request is mapped once. On failure nothing this
+    /// call mapped for the request stays mapped (grants it added to the
+    /// cache stay there: they are valid).
     pub fn map(
         &mut self,
         grefs: &[GrantRef],
@@ -79,74 +91,74 @@ impl GrantMapper {
         temp: &mut Vec<u32>,
     ) -> Result<(), GrantError> {
         frames.clear();
-        // Persistent grants are mapped writable once and reused either way.
-        let mut misses: Vec<GrantRef> = Vec::new();
-        if self.persistent {
-            for g in grefs {
-                if !self.cache.contains_key(g) && !misses.contains(g) {
-                    misses.push(*g);
-                }
-            }
-            if !misses.is_empty() && self.cache.len() + misses.len() <= self.max_persistent {
-                self.map_calls += 1;
-                let items: Vec<GrantMapItem> = misses
-                    .iter()
-                    .map(|&gref| GrantMapItem {
-                        gref,
-                        readonly: false,
-                    })
-                    .collect();
-                let res = self.host.map_grants(self.domid, &items)?;
-                for (r, &gref) in res.iter().zip(&misses) {
-                    if r.status == GntStatus::Okay {
-                        self.cache.insert(
-                            gref,
-                            Held {
-                                handle: r.handle,
-                                frame: r.frame,
-                            },
-                        );
-                    }
-                }
-            }
-            if grefs.iter().all(|g| self.cache.contains_key(g)) {
-                frames.extend(grefs.iter().map(|g| self.cache[g].frame));
-                return Ok(());
-            }
+        if self.persistent && grefs.iter().all(|g| self.cache.contains_key(g)) {
+            frames.extend(grefs.iter().map(|g| self.cache[g].frame));
+            return Ok(());
         }
-        // Map for this request only.
-        self.map_calls += 1;
-        let items: Vec<GrantMapItem> = grefs
-            .iter()
-            .map(|&gref| GrantMapItem {
+        // The distinct grants to map, in order of first use; `keep` says
+        // which go into the cache.
+        let mut room = if self.persistent {
+            self.max_persistent.saturating_sub(self.cache.len())
+        } else {
+            0
+        };
+        let fresh = &mut self.fresh;
+        fresh.clear();
+        let mut items: Vec<GrantMapItem> = Vec::new();
+        let mut keep: Vec<bool> = Vec::new();
+        for &gref in grefs {
+            if (self.persistent && self.cache.contains_key(&gref)) || fresh.contains_key(&gref) {
+                continue;
+            }
+            fresh.insert(gref, 0);
+            let kept = room > 0;
+            room -= usize::from(kept);
+            // Persistent grants are mapped writable once and reused either way.
+            items.push(GrantMapItem {
                 gref,
-                readonly: !backend_writes,
-            })
-            .collect();
+                readonly: !kept && !backend_writes,
+            });
+            keep.push(kept);
+        }
+        self.map_calls += 1;
         let res = self.host.map_grants(self.domid, &items)?;
+        let first_temp = temp.len();
         let mut bad = None;
-        for (r, &gref) in res.iter().zip(grefs) {
-            if r.status == GntStatus::Okay {
-                temp.push(r.handle);
-                frames.push(r.frame);
-            } else if bad.is_none() {
-                bad = Some(GrantError::Refused {
+        for ((r, it), &kept) in res.iter().zip(&items).zip(&keep) {
+            if r.status != GntStatus::Okay {
+                bad.get_or_insert(GrantError::Refused {
                     domid: self.domid,
-                    gref,
+                    gref: it.gref,
                     status: r.status,
                     reason: r.reason,
                 });
+                continue;
             }
-        }
-        match bad {
-            None => Ok(()),
-            Some(e) => {
-                self.release(temp);
-                temp.clear();
-                frames.clear();
-                Err(e)
+            if kept {
+                self.cache.insert(
+                    it.gref,
+                    Held {
+                        handle: r.handle,
+                        frame: r.frame,
+                    },
+                );
+            } else {
+                temp.push(r.handle);
             }
+            fresh.insert(it.gref, r.frame);
         }
+        if let Some(e) = bad {
+            let mapped: Vec<u32> = temp.drain(first_temp..).collect();
+            self.release(&mapped);
+            return Err(e);
+        }
+        let (cache, fresh) = (&self.cache, &self.fresh);
+        frames.extend(
+            grefs
+                .iter()
+                .map(|g| cache.get(g).map_or_else(|| fresh[g], |h| h.frame)),
+        );
+        Ok(())
     }
 
     /// The frame of one grant, for copying an indirect page (read-only use).

@@ -14,6 +14,7 @@
 pub mod grants;
 pub mod metrics;
 pub mod queue;
+pub mod refusal_log;
 pub mod transport;
 pub mod waiter;
 
@@ -39,6 +40,7 @@ use crate::xenbus_keys::backend as bk;
 
 use metrics::{DiskMetrics, QueueMetrics};
 use queue::{QueueSetup, StopSignal};
+use refusal_log::RefusalLog;
 use transport::{parse_transport, FrontendTransport};
 
 /// Settings of one tapdisk (command-line defaults; per-VBD keys in the
@@ -132,6 +134,8 @@ struct Disk {
     engine: EngineChoice,
     load: HostLoad,
     metrics: DiskMetrics,
+    /// Refused and failed requests, logged for every queue of the disk.
+    refusals: Arc<RefusalLog>,
     /// What the stats file holds now.
     stats_written: String,
 }
@@ -248,6 +252,10 @@ async fn run_async(cfg: TapdiskConfig) -> Result<(), BackendError> {
         engine,
         load: HostLoad::start(Duration::from_secs(1)),
         metrics: DiskMetrics::default(),
+        refusals: Arc::new(RefusalLog::new(format!(
+            "vbd {fdom}/{}",
+            be.rsplit('/').next().unwrap_or("?")
+        ))),
         stats_written: String::new(),
     };
     disk.publish_features().await?;
@@ -537,6 +545,7 @@ impl Disk {
             load: self.load.clone(),
             split: self.split,
             metrics,
+            refusals: self.refusals.clone(),
             stop,
         };
         c.threads.push(queue::spawn(setup)?);

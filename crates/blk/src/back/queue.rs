@@ -31,8 +31,9 @@ use pvio_ring::{BackRing, RingError};
 
 use super::grants::{GrantError, GrantMapper};
 use super::metrics::QueueMetrics;
+use super::refusal_log::RefusalLog;
 use super::waiter::{WaitError, Waiter};
-use crate::engine::{Completion, CompletionError, Engine, FileId, IoBuf};
+use crate::engine::{Completion, CompletionError, Engine, FileId, IoBuf, MAX_BUFFERS};
 use crate::image::{Extent, Image, MapOp, MapOutcome};
 use crate::request::{error_response, Operation, Request, RequestError};
 use crate::split::{SplitSize, Splitter};
@@ -84,6 +85,7 @@ pub struct QueueSetup {
     pub load: HostLoad,
     pub split: SplitSize,
     pub metrics: Arc<QueueMetrics>,
+    pub refusals: Arc<RefusalLog>,
     pub stop: Arc<StopSignal>,
 }
 
@@ -178,6 +180,7 @@ struct Queue {
     waiter: Waiter,
     splitter: Splitter,
     metrics: Arc<QueueMetrics>,
+    refusals: Arc<RefusalLog>,
     stop: Arc<StopSignal>,
     slots: Vec<Option<Pending>>,
     free_slots: Vec<u32>,
@@ -206,6 +209,25 @@ pub fn spawn(
         q.finish();
         r
     })
+}
+
+/// The end of the longest range `[from, end)`, `end <= to`, that covers at
+/// most [`MAX_BUFFERS`] of `bufs` (cut at a buffer boundary, so a part stays
+/// a whole number of segments).
+fn bufs_end(bufs: &[IoBuf], from: usize, to: usize) -> usize {
+    let mut pos = 0usize;
+    let mut used = 0usize;
+    for b in bufs {
+        let end = pos + b.len;
+        if end > from {
+            used += 1;
+            if used == MAX_BUFFERS || end >= to {
+                return end.min(to);
+            }
+        }
+        pos = end;
+    }
+    to
 }
 
 fn slice_bufs(bufs: &[IoBuf], from: usize, to: usize, out: &mut Vec<IoBuf>) {
@@ -254,6 +276,7 @@ impl Queue {
             waiter: Waiter::new(s.poll, s.load),
             splitter: Splitter::new(s.split),
             metrics: s.metrics,
+            refusals: s.refusals,
             stop: s.stop,
             slots: (0..depth).map(|_| None).collect(),
             free_slots: (0..depth as u32).rev().collect(),
@@ -452,7 +475,9 @@ impl Queue {
             );
             if let Err(e) = mapped {
                 self.frames = frames;
-                tracing::debug!(queue = self.index, id = req.id(), "refusing a request: {e}");
+                self.refusals.warn(self.index, "grant", || {
+                    format!("refusing request {}: {e}", req.id())
+                });
                 QueueMetrics::add(&self.metrics.invalid, 1);
                 self.respond(&req.response(BLKIF_RSP_ERROR));
                 return;
@@ -460,7 +485,10 @@ impl Queue {
             for (seg, &frame) in req.segments().iter().zip(frames.iter()) {
                 let base = match self.mem.frame_ptr(frame) {
                     Ok(p) => p,
-                    Err(_) => {
+                    Err(e) => {
+                        self.refusals.warn(self.index, "frame", || {
+                            format!("refusing request {}: {e}", req.id())
+                        });
                         self.grants.release(&temp);
                         self.frames = frames;
                         QueueMetrics::add(&self.metrics.invalid, 1);
@@ -528,12 +556,9 @@ impl Queue {
         } else {
             QueueMetrics::add(&self.metrics.invalid, 1);
         }
-        tracing::debug!(
-            queue = self.index,
-            id = slot.id,
-            kind = e.kind(),
-            "refusing a request: {e}"
-        );
+        self.refusals.warn(self.index, e.kind(), || {
+            format!("refusing request {}: {e}", slot.id)
+        });
         self.respond(&rsp);
     }
 
@@ -599,10 +624,22 @@ impl Queue {
                                         continue;
                                     }
                                     let step = part_size.unwrap_or(elen).max(1);
+                                    let bufs = &self.slots[slot as usize]
+                                        .as_ref()
+                                        .expect("live request")
+                                        .bufs;
                                     let mut at = 0usize;
                                     while at < elen {
-                                        let n = step.min(elen - at);
-                                        let (from, to) = (pos + at, pos + at + n);
+                                        let from = pos + at;
+                                        // An engine takes at most MAX_BUFFERS
+                                        // buffers in one I/O: a request of
+                                        // more non-adjacent segments is
+                                        // served in several parts.
+                                        let mut to = from + step.min(elen - at);
+                                        if bufs.len() > MAX_BUFFERS {
+                                            to = bufs_end(bufs, from, to);
+                                        }
+                                        let n = to - from;
                                         let fo = offset + at as u64;
                                         self.parts.push_back(if op.is_read() {
                                             Part::Read {
@@ -632,8 +669,12 @@ impl Queue {
                             QueueMetrics::add(&self.metrics.split_parts, u64::from(parts - 1));
                         }
                     }
-                    _ => {
+                    other => {
                         self.extents = extents;
+                        self.refusals.warn(self.index, "image", || match other {
+                            Err(e) => format!("{len} bytes at {offset}: image: {e}"),
+                            Ok(o) => format!("{len} bytes at {offset}: image: {o:?}"),
+                        });
                         self.fail_and_finish(slot);
                         return;
                     }
@@ -680,7 +721,8 @@ impl Queue {
                 Err(())
             }
             Err(e) => {
-                tracing::warn!(queue = self.index, "I/O failed: {e}");
+                self.refusals
+                    .warn(self.index, "io_error", || format!("I/O failed: {e}"));
                 Err(())
             }
         };

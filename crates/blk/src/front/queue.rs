@@ -254,8 +254,8 @@ impl BlkQueue {
             st.free_ids.push(id as u32);
             let result = match rsp.status {
                 BLKIF_RSP_OKAY => Ok(match f.op {
-                    DeviceOp::Read | DeviceOp::Write => f.len,
-                    _ => 0,
+                    DeviceOp::Flush => 0,
+                    DeviceOp::Read | DeviceOp::Write | DeviceOp::Discard => f.len,
                 }),
                 BLKIF_RSP_EOPNOTSUPP => Err(DeviceError::NotSupported),
                 _ => Err(DeviceError::Io),

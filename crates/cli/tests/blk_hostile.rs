@@ -49,6 +49,31 @@ fn read(sector: u64, segs: &[(u32, u8, u8)]) -> BlkifRequest {
     r
 }
 
+/// This process becomes domain `d`'s guest: claims it, and reaches the
+/// xenstore over the xenbus ring, as a real guest does.
+fn become_guest(
+    host: &MiniHost,
+    d: &pvio_hv::CreatedDomain,
+) -> (
+    tokio::runtime::Runtime,
+    GuestResources,
+    pvio_xenstore::Client,
+) {
+    let dom = HvClient::claim_domain(&host.hvd_socket, d.domid, d.token).unwrap();
+    let (res, store) = GuestResources::new(dom, RESERVED_FRAMES);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let xs = rt
+        .block_on(pvio_xenstore::Client::connect_ring(
+            res.memory.clone(),
+            store,
+        ))
+        .unwrap();
+    (rt, res, xs)
+}
+
 #[test]
 fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
     std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
@@ -73,20 +98,7 @@ fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
         .unwrap();
     }
 
-    // This process becomes the guest.
-    let dom = HvClient::claim_domain(&host.hvd_socket, d.domid, d.token).unwrap();
-    let (res, store) = GuestResources::new(dom, RESERVED_FRAMES);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // Like a real guest, reach the xenstore over the xenbus ring.
-    let xs = rt
-        .block_on(pvio_xenstore::Client::connect_ring(
-            res.memory.clone(),
-            store,
-        ))
-        .unwrap();
+    let (rt, res, xs) = become_guest(&host, &d);
     let mut cfg = FrontendConfig::new(xvd_devid(0));
     cfg.buffers = 2;
     cfg.buffer_size = 64 << 10;
@@ -255,4 +267,93 @@ fn a_hostile_frontend_gets_errors_and_a_good_request_still_works() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// An indirect request of `segs` one-sector segments, each at the start of
+/// its own page of `data` (so no two are adjacent), its segment list
+/// written into the pages `list` grants.
+fn scattered(q: &mut BlkQueue, op: u8, data: usize, list: usize, segs: usize) -> BlkifRequest {
+    let data_grants = q.buffer_grants(data).to_vec();
+    let list_grants = q.buffer_grants(list).to_vec();
+    let pages = &mut q.buffer_mut(list)[..segs * 8];
+    for (i, seg) in pages.chunks_exact_mut(8).enumerate() {
+        seg[..4].copy_from_slice(&data_grants[i].to_le_bytes());
+        seg[4] = 0; // first_sect
+        seg[5] = 0; // last_sect
+        seg[6..].fill(0);
+    }
+    let mut ind = BlkifRequestIndirect {
+        operation: BLKIF_OP_INDIRECT,
+        indirect_op: op,
+        nr_segments: segs as u16,
+        ..Default::default()
+    };
+    let n_pages = (segs * 8).div_ceil(4096);
+    ind.indirect_grefs[..n_pages].copy_from_slice(&list_grants[..n_pages]);
+    BlkifRequest::from_indirect(&ind)
+}
+
+#[test]
+fn an_indirect_request_of_more_segments_than_one_io_takes_is_served() {
+    std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
+    let host = MiniHost::start("blk-scatter").unwrap();
+    let img = make_image(&host.dir.0, "disk.img", 8 << 20).unwrap();
+    let d = host.create_domain("scatter", 128).unwrap();
+    let vbd = host
+        .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
+        .unwrap();
+    let mut tap = host
+        .start_tapdisk(&vbd, &["--max-indirect-segments", "4096"])
+        .unwrap();
+    host.wait_for_value(
+        &format!("{}/state", vbd.backend),
+        "2",
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let (rt, res, xs) = become_guest(&host, &d);
+    let mut cfg = FrontendConfig::new(xvd_devid(0));
+    cfg.buffers = 3;
+    cfg.buffer_size = 16 << 20;
+    cfg.poll = PollPolicy::Off;
+    let (_front, mut queues) = rt.block_on(connect(res, xs, &cfg)).unwrap();
+    let q = &mut queues[0];
+    let image = std::fs::read(&img).unwrap();
+    let mut tag = 100;
+    // 1,025 is one over what one engine I/O takes (1,024 buffers); 4,096
+    // is the most a frontend may send.
+    for segs in [1025usize, 1500, 4096] {
+        // Write a pattern through buffer 0's scattered sectors...
+        for i in 0..segs {
+            let v = (i * 7 + segs) as u8;
+            q.buffer_mut(0)[i * 4096..i * 4096 + 512].fill(v);
+        }
+        tag += 1;
+        let w = scattered(q, BLKIF_OP_WRITE, 0, 2, segs);
+        assert!(send(q, w, tag).is_ok(), "write of {segs} segments failed");
+        // ...and read it back into buffer 1's.
+        q.buffer_mut(1).fill(0xEE);
+        tag += 1;
+        let r = scattered(q, BLKIF_OP_READ, 1, 2, segs);
+        assert!(send(q, r, tag).is_ok(), "read of {segs} segments failed");
+        for i in 0..segs {
+            let page = &q.buffer(1)[i * 4096..(i + 1) * 4096];
+            let v = (i * 7 + segs) as u8;
+            assert!(
+                page[..512].iter().all(|&b| b == v),
+                "{segs} segments: sector {i} read back wrong"
+            );
+            assert!(
+                page[512..].iter().all(|&b| b == 0xEE),
+                "{segs} segments: the read wrote past sector {i}'s segment"
+            );
+        }
+    }
+    // The sectors after the last request's are the image's own.
+    tag += 1;
+    let mut one = scattered(q, BLKIF_OP_READ, 1, 2, 1);
+    one.sector_number = 4096;
+    assert!(send(q, one, tag).is_ok());
+    assert_eq!(&q.buffer(1)[..512], &image[4096 * 512..4097 * 512]);
+    assert!(tap.0.try_wait().unwrap().is_none(), "tapdisk died");
 }

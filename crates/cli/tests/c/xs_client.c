@@ -112,6 +112,38 @@ int main(void)
     CHECK(xs_transaction_end(h, t, true), "abort");
     CHECK(read_is(h, XBT_NULL, "/c/counter", "101"), "abort discards");
 
+    /* Repeatable reads (C xenstored since 4.9): a transaction keeps its
+     * own copy of every node it has touched, whatever others commit. */
+    CHECK(xs_write(h, XBT_NULL, "/c/rr/a", "1", 1), "rr: node a");
+    CHECK(xs_write(h, XBT_NULL, "/c/rr/b", "2", 1), "rr: node b");
+    t = xs_transaction_start(h);
+    CHECK(t != XBT_NULL, "rr: transaction start");
+    CHECK(read_is(h, t, "/c/counter", "101"), "rr: first read");
+    dir = xs_directory(h, t, "/c/rr", &num);
+    CHECK(dir && num == 2, "rr: listing in the transaction");
+    free(dir);
+    CHECK(read_is(h, t, "/c/rr/a", "1"), "rr: read a");
+    got = xs_get_permissions(h, t, "/c/test/leaf", &num);
+    CHECK(got && num == 2, "rr: permissions in the transaction");
+    free(got);
+    CHECK(xs_write(h2, XBT_NULL, "/c/counter", "202", 3), "rr: value changed outside");
+    CHECK(xs_rm(h2, XBT_NULL, "/c/rr/a"), "rr: node removed outside");
+    CHECK(xs_write(h2, XBT_NULL, "/c/rr/c", "3", 1), "rr: node added outside");
+    CHECK(xs_set_permissions(h2, XBT_NULL, "/c/test/leaf", perms, 1),
+          "rr: permissions changed outside");
+    CHECK(read_is(h, t, "/c/counter", "101"), "rr: second read sees the transaction's copy");
+    dir = xs_directory(h, t, "/c/rr", &num);
+    CHECK(dir && num == 2 && strcmp(dir[0], "a") == 0 && strcmp(dir[1], "b") == 0,
+          "rr: listing unchanged inside");
+    free(dir);
+    CHECK(read_is(h, t, "/c/rr/a", "1"), "rr: node removed outside still reads inside");
+    got = xs_get_permissions(h, t, "/c/test/leaf", &num);
+    CHECK(got && num == 2 && got[1].id == 5, "rr: permissions unchanged inside");
+    free(got);
+    CHECK(read_is(h2, XBT_NULL, "/c/counter", "202"), "rr: outside sees the new value");
+    errno = 0;
+    CHECK(!xs_transaction_end(h, t, false) && errno == EAGAIN, "rr: commit fails with EAGAIN");
+
     /* Domains and special watches. */
     CHECK(xs_watch(hw, "@introduceDomain", "intro"), "watch @introduceDomain");
     CHECK(event_is(hw, "@introduceDomain", "intro"), "initial @introduceDomain event");

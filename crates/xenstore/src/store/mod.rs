@@ -749,6 +749,7 @@ impl Store {
                 if stale && t.failed.is_none() {
                     t.failed = Some(XsError::Eagain);
                 }
+                t.revoke_rights(domid);
             }
         }
     }

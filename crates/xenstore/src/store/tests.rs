@@ -451,6 +451,80 @@ impl H {
     fn rm_tx(&mut self, c: ConnId, tx: u32, p: &str) {
         self.op(c, tx, Request::Rm(p.into())).unwrap();
     }
+    fn dir_tx(&mut self, c: ConnId, tx: u32, p: &str) -> Result<Vec<String>, XsError> {
+        let path = Self::abs(&self.s, c, p);
+        self.op(c, tx, Request::Directory(path)).map(|v| split(&v))
+    }
+    fn get_perms_tx(&mut self, c: ConnId, tx: u32, p: &str) -> Result<String, XsError> {
+        let path = Self::abs(&self.s, c, p);
+        self.op(c, tx, Request::GetPerms(path))
+            .map(|v| split(&v).join(" "))
+    }
+}
+
+/// C xenstored (4.9 and later) gives a transaction its own copy of every
+/// node it touches, read or written: later reads inside it see that copy,
+/// whatever others commit, and the commit then fails with EAGAIN.
+#[test]
+fn transactions_read_their_own_snapshot_of_what_they_touched() {
+    let mut h = H::new();
+    let a = h.dom0();
+    let b = h.dom0();
+    h.write(a, "/a", "a").unwrap();
+    // A value changed outside.
+    let t = h.tx_start(a);
+    assert_eq!(h.read_tx(a, t, "/a").unwrap(), "a");
+    h.write(b, "/a", "b").unwrap();
+    assert_eq!(h.read_tx(a, t, "/a").unwrap(), "a", "repeatable read");
+    assert_eq!(h.read(a, "/a").unwrap(), "b");
+    // The transaction's own write wins over its copy.
+    h.write_tx(a, t, "/a", "mine").unwrap();
+    assert_eq!(h.read_tx(a, t, "/a").unwrap(), "mine");
+    assert_eq!(h.tx_end(a, t, true), Err(XsError::Eagain));
+    assert_eq!(h.read(a, "/a").unwrap(), "b");
+
+    // A node removed outside still reads, and lists, inside.
+    h.write(a, "/d/x", "1").unwrap();
+    h.write(a, "/d/y", "2").unwrap();
+    let t = h.tx_start(a);
+    assert_eq!(h.dir_tx(a, t, "/d").unwrap(), ["x", "y"]);
+    assert_eq!(h.read_tx(a, t, "/d/x").unwrap(), "1");
+    h.rm(b, "/d/x").unwrap();
+    h.write(b, "/d/z", "3").unwrap();
+    assert_eq!(h.dir_tx(a, t, "/d").unwrap(), ["x", "y"], "listing is kept");
+    assert_eq!(h.read_tx(a, t, "/d/x").unwrap(), "1", "removed outside");
+    // A node not touched before is read as it is now (C xenstored reads
+    // the committed tree for nodes a transaction has not accessed).
+    assert_eq!(h.read_tx(a, t, "/d/z").unwrap(), "3");
+    assert_eq!(h.tx_end(a, t, true), Err(XsError::Eagain));
+
+    // A node absent when first read stays absent inside.
+    let t = h.tx_start(a);
+    assert_eq!(h.read_tx(a, t, "/late"), Err(XsError::Enoent));
+    h.write(b, "/late", "x").unwrap();
+    assert_eq!(h.read_tx(a, t, "/late"), Err(XsError::Enoent));
+    assert_eq!(h.tx_end(a, t, true), Err(XsError::Eagain));
+
+    // Permissions changed outside: the transaction checks and reports the
+    // permissions it saw.
+    h.write(a, "/p", "v").unwrap();
+    h.set_perms(a, "/p", "n0 r5").unwrap();
+    let g = h.guest(5);
+    let t = h.tx_start(g);
+    assert_eq!(h.read_tx(g, t, "/p").unwrap(), "v");
+    assert_eq!(h.get_perms_tx(g, t, "/p").unwrap(), "n0 r5");
+    h.set_perms(a, "/p", "n0").unwrap();
+    assert_eq!(h.read(g, "/p"), Err(XsError::Eacces));
+    assert_eq!(h.read_tx(g, t, "/p").unwrap(), "v");
+    assert_eq!(h.get_perms_tx(g, t, "/p").unwrap(), "n0 r5");
+    assert_eq!(h.tx_end(g, t, true), Err(XsError::Eagain));
+
+    // Reads alone, with nothing changed outside, commit.
+    let t = h.tx_start(a);
+    assert_eq!(h.read_tx(a, t, "/a").unwrap(), "b");
+    assert_eq!(h.dir_tx(a, t, "/d").unwrap(), ["y", "z"]);
+    h.tx_end(a, t, true).unwrap();
+    h.check();
 }
 
 #[test]

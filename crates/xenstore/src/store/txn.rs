@@ -1,7 +1,12 @@
 //! Transactions (C xenstored's `transaction.c` model): optimistic, no
 //! global lock. A transaction keeps its own copies of the nodes it changed
-//! (`overlay`) and the generation of every node it touched (`accessed`, 0
-//! for "absent"). Commit fails with EAGAIN if any touched node's generation
+//! (`overlay`), and, as C xenstored's `access_node()` does since Xen 4.9,
+//! a copy of every other node it touched as it was when first touched
+//! (`seen`): inside the transaction, reads, directory listings and
+//! permission checks of a node it has touched see that copy (or its
+//! absence), whatever others commit meanwhile — repeatable reads. It also
+//! keeps the generation of every node touched (`accessed`, 0 for
+//! "absent"). Commit fails with EAGAIN if any touched node's generation
 //! changed since; otherwise the overlay is applied and the queued watch
 //! events fire.
 //!
@@ -33,6 +38,9 @@ pub struct Txn {
     pub overlay: HashMap<String, Option<Node>>,
     /// Generation of every node touched, when first touched (0 = absent).
     pub accessed: HashMap<String, u64>,
+    /// Each touched node as it was when first touched (`None` = absent):
+    /// what the transaction sees of it unless it changed it itself.
+    seen: HashMap<String, Option<Node>>,
     /// Events to fire at commit, one per path.
     pub events: Vec<QueuedEvent>,
     event_index: HashMap<String, usize>,
@@ -50,6 +58,7 @@ impl Txn {
             id,
             overlay: HashMap::new(),
             accessed: HashMap::new(),
+            seen: HashMap::new(),
             events: Vec::new(),
             event_index: HashMap::new(),
             entry_delta: HashMap::new(),
@@ -72,6 +81,17 @@ impl Txn {
             None => {
                 self.event_index.insert(ev.path.clone(), self.events.len());
                 self.events.push(ev);
+            }
+        }
+    }
+
+    /// Removes a released domain's entries from the copies of nodes the
+    /// transaction read, as the committed tree's are
+    /// (`Store::revoke_rights`).
+    pub fn revoke_rights(&mut self, domid: DomId) {
+        for node in self.seen.values_mut().flatten() {
+            if node.perms.entries().iter().any(|e| e.domid == domid) {
+                node.perms = node.perms.without_domain(domid, 0);
             }
         }
     }
@@ -115,34 +135,38 @@ impl<'a> View<'a> {
         self.tx.is_some()
     }
 
+    /// Records the first access to `path` in a transaction: its generation
+    /// for the commit-time check, and a copy of it for later reads.
     fn touch(&mut self, path: &str) -> Result<(), XsError> {
         let limit = self.tx_node_limit;
-        let current = self.tree.get(path).map_or(0, |n| n.gen);
         if let Some(tx) = self.tx.as_deref_mut() {
             if !tx.accessed.contains_key(path) {
                 if limit.is_some_and(|l| tx.accessed.len() >= l) {
                     tx.failed = Some(XsError::Enospc);
                     return Err(XsError::Enospc);
                 }
-                tx.accessed.insert(path.to_owned(), current);
+                let current = self.tree.get(path);
+                tx.accessed
+                    .insert(path.to_owned(), current.map_or(0, |n| n.gen));
+                tx.seen.insert(path.to_owned(), current.cloned());
             }
         }
         Ok(())
     }
 
-    /// Reads a node, recording the access in a transaction.
+    /// Reads a node, recording the access in a transaction. Inside one,
+    /// a node the transaction changed reads as it left it, and any other
+    /// node it touched reads as it was when first touched.
     pub fn get(&mut self, path: &str) -> Result<Option<&Node>, XsError> {
-        if let Some(tx) = self.tx.as_deref() {
-            if tx.overlay.contains_key(path) {
-                return Ok(self
-                    .tx
-                    .as_deref()
-                    .and_then(|t| t.overlay.get(path))
-                    .and_then(Option::as_ref));
-            }
+        if self.tx.is_none() {
+            return Ok(self.tree.get(path));
         }
         self.touch(path)?;
-        Ok(self.tree.get(path))
+        let tx = self.tx.as_deref().expect("in a transaction");
+        Ok(match tx.overlay.get(path) {
+            Some(changed) => changed.as_ref(),
+            None => tx.seen.get(path).and_then(Option::as_ref),
+        })
     }
 
     /// Stores a node (stamping a fresh generation).

@@ -362,3 +362,161 @@ fn a_start_that_fails_on_the_seventh_of_ten_disks_leaves_no_trace() {
     assert_eq!(h.ok(&["vm-shutdown", &format!("uuid={vm}")]), "");
     h.assert_no_trace(&vm);
 }
+
+impl Host {
+    /// The tapdisks of this host: (pid, command line).
+    fn tapdisks(&self) -> Vec<(u32, String)> {
+        let state = self.0.state().display().to_string();
+        processes(|cmd| cmd.contains(" tapdisk ") && cmd.contains(&state))
+    }
+
+    fn vbd_param(&self, vbd: &str, name: &str) -> String {
+        self.ok(&[
+            "vbd-param-get",
+            &format!("uuid={vbd}"),
+            &format!("param-name={name}"),
+        ])
+        .trim()
+        .to_string()
+    }
+
+    /// Waits (with a deadline) until `cond` holds.
+    fn wait(&self, what: &str, secs: u64, mut cond: impl FnMut() -> bool) -> std::time::Duration {
+        let t0 = std::time::Instant::now();
+        while !cond() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(secs),
+                "{what} within {secs} s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        t0.elapsed()
+    }
+}
+
+/// SIGKILL to a process this test started (through `pvio host up`).
+fn kill9(pid: u32) {
+    let p = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(p, rustix::process::Signal::KILL).unwrap();
+}
+
+#[test]
+fn a_tapdisk_killed_under_a_verifying_writer_is_replaced_and_one_that_keeps_dying_fails_the_vbd() {
+    let h = Host::start("cli-supervise");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let vdi = h.create(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=data",
+        "virtual-size=256MiB",
+    ]);
+    let sock = h.0.dir.0.join("nbd.sock");
+    let vm = h.create(&[
+        "vm-create",
+        "name-label=writer",
+        "memory=256MiB",
+        &format!("workload=nbd:{}", sock.display()),
+    ]);
+    let vbd = h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=0",
+    ]);
+    h.ok(&["vm-start", &format!("uuid={vm}")]);
+    h.wait("the NBD export appears", 30, || sock.exists());
+    assert_eq!(h.vbd_param(&vbd, "tapdisk-restarts"), "0");
+
+    // A verifying writer through the guest's export...
+    let fio = Command::new("timeout")
+        .args(["300", "fio", "--name=writer", "--ioengine=nbd"])
+        .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
+        .args([
+            "--rw=randwrite",
+            "--bs=64k",
+            "--iodepth=16",
+            "--size=128m",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fio (scripts/install-deps.sh installs it)");
+    let stats =
+        h.0.state()
+            .join("vms/vms")
+            .join(&vm)
+            .join("tapdisk-51712.json");
+    h.wait("the writer gets going", 60, || {
+        std::fs::read_to_string(&stats)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["metrics"]["total"]["writes"].as_u64())
+            .is_some_and(|w| w >= 100)
+    });
+    // ...loses its tapdisk.
+    let before = h.tapdisks();
+    assert_eq!(before.len(), 1, "{before:?}");
+    kill9(before[0].0);
+    let took = h.wait("a new tapdisk", 5, || {
+        h.tapdisks().iter().any(|(p, _)| *p != before[0].0)
+    });
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "replaced after {took:?}"
+    );
+    assert_eq!(h.tapdisks()[0].1, before[0].1, "not the same command line");
+    let out = fio.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fio failed after the restart: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    assert_eq!(v["jobs"][0]["error"].as_u64(), Some(0), "{text}");
+    h.wait("the restart is recorded", 10, || {
+        h.vbd_param(&vbd, "tapdisk-restarts") == "1"
+    });
+    assert_eq!(h.vbd_param(&vbd, "status-detail"), "");
+    assert_eq!(h.param(&vm, "power-state"), "running");
+
+    // An image that is gone: every restart dies at once. The VBD fails
+    // after a few tries instead of looping, and the CLI says so.
+    let location = h.ok(&[
+        "vdi-param-get",
+        &format!("uuid={vdi}"),
+        "param-name=location",
+    ]);
+    std::fs::remove_file(location.trim()).unwrap();
+    kill9(h.tapdisks()[0].0);
+    h.wait("the VBD is marked failed", 30, || {
+        h.vbd_param(&vbd, "status-detail").contains("died")
+    });
+    let failed = h.param(&vm, "failed-VBDs");
+    assert!(failed.starts_with("xvda: its tapdisk died"), "{failed}");
+    let restarts: u32 = h.vbd_param(&vbd, "tapdisk-restarts").parse().unwrap();
+    assert_eq!(
+        restarts as usize,
+        pvio_xenops::supervise::RESTART_LIMIT,
+        "restarts"
+    );
+    assert_eq!(h.tapdisks(), Vec::new(), "a tapdisk is still being started");
+    let domid = h.param(&vm, "dom-id");
+    let be = format!("/local/domain/0/backend/vbd/{domid}/51712");
+    let state = Command::new("xenstore-read")
+        .arg(format!("{be}/state"))
+        .env("XENSTORED_PATH", h.0.state().join("xenstored.sock"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&state.stdout).trim(),
+        "6",
+        "backend state"
+    );
+    // The VM still shuts down cleanly and leaves nothing.
+    h.ok(&["vm-shutdown", &format!("uuid={vm}"), "--force"]);
+    h.assert_no_trace(&vm);
+}

@@ -710,7 +710,7 @@ fn the_objects_survive_a_restart_and_running_vms_come_back_halted() {
         let v: i64 = db
             .query_row("SELECT version FROM schema_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(v, 1);
+        assert_eq!(v, pvio_toolstack::db::SCHEMA_VERSION);
         db.execute("UPDATE vm SET power_state = 'running', domid = 7", [])
             .unwrap();
         db.execute("UPDATE vbd SET currently_attached = 1", [])

@@ -332,7 +332,9 @@ fn a_guest_that_dies_halts_its_vm_and_is_cleaned_up() {
         .block_on(async { tokio::time::timeout(Duration::from_secs(30), h.events.recv()).await })
         .expect("no event within 30 s")
         .expect("event stream closed");
-    let VmEvent::Halted { uuid, reason } = ev;
+    let VmEvent::Halted { uuid, reason } = ev else {
+        panic!("expected the VM halted, got {ev:?}");
+    };
     assert_eq!(uuid, spec.uuid);
     assert!(reason.contains("signal: 9"), "{reason}");
     h.assert_no_trace(&spec.uuid, Some(vm.domid));

@@ -863,6 +863,45 @@ impl Toolstack {
                     self.record_halted(&uuid, &reason).await;
                 }
             }
+            VmEvent::TapdiskRestarted {
+                uuid,
+                devid,
+                restarts,
+                status,
+            } => {
+                tracing::warn!(vm = %uuid, devid, restarts, "a VBD's tapdisk died ({status}) and was restarted");
+                self.record_vbd_health(uuid, devid, Some(restarts), None)
+                    .await;
+            }
+            VmEvent::VbdFailed {
+                uuid,
+                devid,
+                reason,
+            } => {
+                tracing::error!(vm = %uuid, devid, "a VBD failed: {reason}");
+                self.record_vbd_health(uuid, devid, None, Some(reason))
+                    .await;
+            }
+        }
+    }
+
+    async fn record_vbd_health(
+        &self,
+        vm: String,
+        devid: u32,
+        restarts: Option<u32>,
+        failed: Option<String>,
+    ) {
+        let Some(userdevice) = crate::vbd::userdevice_of_devid(devid) else {
+            tracing::warn!(vm, devid, "an event for a device id no slot has");
+            return;
+        };
+        let v = vm.clone();
+        let r = self
+            .write(move |tx| db::set_vbd_health(tx, &v, userdevice, restarts, failed.as_deref()))
+            .await;
+        if let Err(e) = r {
+            tracing::error!(vm, devid, error = %e, "recording a VBD's tapdisk");
         }
     }
 

@@ -93,6 +93,10 @@ const MIGRATIONS: &[&str] = &[
         network TEXT NOT NULL,
         UNIQUE (vm, device)
     );",
+    // Version 2: what supervision saw of a plugged VBD's tapdisk (restarts
+    // since the plug; why it was given up on, empty while it is fine).
+    "ALTER TABLE vbd ADD COLUMN tapdisk_restarts INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE vbd ADD COLUMN status_detail TEXT NOT NULL DEFAULT '';",
 ];
 
 /// The schema version this code writes.
@@ -668,6 +672,7 @@ pub fn vms(conn: &Connection, uuid: Option<&str>) -> Result<Vec<VmRecord>, ApiEr
             vbds: Vec::new(),
             vifs: Vec::new(),
             current_operations: Vec::new(),
+            failed_vbds: Default::default(),
         })
     })?;
     if let (Some(u), true) = (uuid, out.is_empty()) {
@@ -675,9 +680,24 @@ pub fn vms(conn: &Connection, uuid: Option<&str>) -> Result<Vec<VmRecord>, ApiEr
     }
     let mut vbds = group(conn, "SELECT vm, uuid FROM vbd ORDER BY userdevice")?;
     let mut vifs = group(conn, "SELECT vm, uuid FROM vif ORDER BY device")?;
+    let mut failed: HashMap<String, Vec<(u32, String)>> = HashMap::new();
+    let mut stmt = conn.prepare(
+        "SELECT vm, userdevice, status_detail FROM vbd
+         WHERE currently_attached = 1 AND status_detail != ''",
+    )?;
+    for row in stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))? {
+        let (vm, userdevice, why): (String, u32, String) = row?;
+        failed.entry(vm).or_default().push((userdevice, why));
+    }
     for vm in &mut out {
         vm.vbds = vbds.remove(&vm.uuid).unwrap_or_default();
         vm.vifs = vifs.remove(&vm.uuid).unwrap_or_default();
+        vm.failed_vbds = failed
+            .remove(&vm.uuid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(n, why)| (device_name(n), why))
+            .collect();
     }
     Ok(out)
 }
@@ -722,10 +742,7 @@ pub fn set_running(
         .collect::<Result<Vec<_>, _>>()?;
     for (vbd, userdevice) in rows {
         if attached.contains(&crate::vbd::devid_of_userdevice(userdevice)) {
-            tx.execute(
-                "UPDATE vbd SET currently_attached = 1 WHERE uuid = ?1",
-                [&vbd],
-            )?;
+            set_vbd_attached(tx, &vbd, true)?;
         }
     }
     Ok(())
@@ -832,8 +849,8 @@ pub fn insert_vbd(tx: &Transaction<'_>, vbd: &NewVbd<'_>) -> Result<(), ApiError
     Ok(())
 }
 
-const VBD_COLUMNS: &str =
-    "uuid, vm, vdi, userdevice, mode, type, bootable, unpluggable, currently_attached";
+const VBD_COLUMNS: &str = "uuid, vm, vdi, userdevice, mode, type, bootable, unpluggable, \
+                           currently_attached, tapdisk_restarts, status_detail";
 
 fn vbd_from_row(r: &Row<'_>) -> rusqlite::Result<VbdRecord> {
     let userdevice: u32 = r.get(3)?;
@@ -849,6 +866,8 @@ fn vbd_from_row(r: &Row<'_>) -> rusqlite::Result<VbdRecord> {
         bootable: r.get(6)?,
         unpluggable: r.get(7)?,
         currently_attached: r.get(8)?,
+        tapdisk_restarts: r.get(9)?,
+        status_detail: r.get(10)?,
     })
 }
 
@@ -888,7 +907,7 @@ pub fn vbds_of_vdi(conn: &Connection, vdi: &str) -> Result<Vec<(VbdRecord, Power
     Ok(conn
         .prepare(&sql)?
         .query_map([vdi], |r| {
-            let state: String = r.get(9)?;
+            let state: String = r.get(VBD_COLUMNS.split(", ").count())?;
             Ok((
                 vbd_from_row(r)?,
                 PowerState::parse(&state).unwrap_or(PowerState::Halted),
@@ -905,12 +924,47 @@ pub fn used_userdevices(conn: &Connection, vm: &str) -> Result<Vec<u32>, ApiErro
         .collect::<Result<Vec<_>, _>>()?)
 }
 
+/// Records a VBD plugged (with a fresh supervision record) or unplugged.
 pub fn set_vbd_attached(tx: &Transaction<'_>, uuid: &str, attached: bool) -> Result<(), ApiError> {
-    tx.execute(
-        "UPDATE vbd SET currently_attached = ?2 WHERE uuid = ?1",
-        params![uuid, attached],
-    )?;
+    if attached {
+        tx.execute(
+            "UPDATE vbd SET currently_attached = 1, tapdisk_restarts = 0, status_detail = ''
+             WHERE uuid = ?1",
+            [uuid],
+        )?;
+    } else {
+        tx.execute(
+            "UPDATE vbd SET currently_attached = 0 WHERE uuid = ?1",
+            [uuid],
+        )?;
+    }
     Ok(())
+}
+
+/// Records what supervision saw of the tapdisk of VM `vm`'s VBD in slot
+/// `userdevice`: its restarts since the plug, and why it was given up on
+/// (`failed`). False if there is no such VBD.
+pub fn set_vbd_health(
+    tx: &Transaction<'_>,
+    vm: &str,
+    userdevice: u32,
+    restarts: Option<u32>,
+    failed: Option<&str>,
+) -> Result<bool, ApiError> {
+    let mut n = 0;
+    if let Some(r) = restarts {
+        n += tx.execute(
+            "UPDATE vbd SET tapdisk_restarts = ?3 WHERE vm = ?1 AND userdevice = ?2",
+            params![vm, userdevice, r],
+        )?;
+    }
+    if let Some(why) = failed {
+        n += tx.execute(
+            "UPDATE vbd SET status_detail = ?3 WHERE vm = ?1 AND userdevice = ?2",
+            params![vm, userdevice, why],
+        )?;
+    }
+    Ok(n > 0)
 }
 
 pub fn delete_vbd(tx: &Transaction<'_>, uuid: &str) -> Result<(), ApiError> {
@@ -1062,6 +1116,55 @@ mod tests {
             Db::open(&dir.join(DB_FILE)),
             Err(DbError::TooNew { found: 99, .. })
         ));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_version_1_database_is_migrated_with_its_vbds() {
+        let dir = std::env::temp_dir().join(format!("pvio-db-v1-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(DB_FILE);
+        {
+            let conn = connect(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE schema_version (version INTEGER NOT NULL);
+                 INSERT INTO schema_version VALUES (1);
+                 INSERT INTO host VALUES ('h', 'host', '', 'h', 2, 'm', 1073741824);
+                 INSERT INTO sr VALUES ('s', 'sr', '', 'file', 'user', '/x', 0);
+                 INSERT INTO vdi VALUES ('d', 's', 'vdi', '', 512, 'user', 0, 0);
+                 INSERT INTO vm VALUES ('v', 'vm', '', 1, 1024, 'idle', 'halted', -1);
+                 INSERT INTO vbd VALUES ('b', 'v', 'd', 1, 'RW', 'Disk', 0, 1, 0);",
+            )
+            .unwrap();
+        }
+        let db = Db::open(&path).unwrap();
+        assert_eq!(db.read(|c| Ok(schema_version(c)?)).unwrap(), SCHEMA_VERSION);
+        let b = db.read(|c| super::vbd(c, "b")).unwrap();
+        assert_eq!((b.tapdisk_restarts, b.status_detail.as_str()), (0, ""));
+        // Supervision's record, and a fresh one at the next plug.
+        db.write(|tx| set_vbd_attached(tx, "b", true)).unwrap();
+        assert!(db
+            .write(|tx| set_vbd_health(tx, "v", 1, Some(3), Some("died")))
+            .unwrap());
+        assert!(!db
+            .write(|tx| set_vbd_health(tx, "v", 7, Some(1), None))
+            .unwrap());
+        let v = db.read(|c| super::vm(c, "v")).unwrap();
+        assert_eq!(v.failed_vbds.get("xvdb").map(String::as_str), Some("died"));
+        let b = db.read(|c| super::vbd(c, "b")).unwrap();
+        assert_eq!((b.tapdisk_restarts, b.status_detail.as_str()), (3, "died"));
+        db.write(|tx| set_vbd_attached(tx, "b", false)).unwrap();
+        assert!(db
+            .read(|c| super::vm(c, "v"))
+            .unwrap()
+            .failed_vbds
+            .is_empty());
+        db.write(|tx| set_vbd_attached(tx, "b", true)).unwrap();
+        let b = db.read(|c| super::vbd(c, "b")).unwrap();
+        assert_eq!((b.tapdisk_restarts, b.status_detail.as_str()), (0, ""));
+        drop(db);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

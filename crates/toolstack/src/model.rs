@@ -191,6 +191,10 @@ pub struct VmRecord {
     pub vifs: Vec<String>,
     /// Lifecycle operations in flight (`start`, `clean_shutdown` ...).
     pub current_operations: Vec<String>,
+    /// Plugged VBDs that failed (their tapdisk died too often): device
+    /// name (`xvdb`) and why.
+    #[serde(default)]
+    pub failed_vbds: std::collections::BTreeMap<String, String>,
 }
 
 /// A virtual block device: a VDI plugged into a VM at a userdevice slot.
@@ -210,6 +214,13 @@ pub struct VbdRecord {
     pub bootable: bool,
     pub unpluggable: bool,
     pub currently_attached: bool,
+    /// Times its tapdisk died and was restarted since the VBD was plugged.
+    #[serde(default)]
+    pub tapdisk_restarts: u32,
+    /// Why the VBD failed while plugged (its tapdisk died too often);
+    /// empty while it is fine.
+    #[serde(default)]
+    pub status_detail: String,
 }
 
 /// A virtual network interface (recorded only: nothing plugs VIFs yet).

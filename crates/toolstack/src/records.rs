@@ -118,6 +118,7 @@ pub static VM: ClassDef = ClassDef {
         ro("resident-on"),
         ro("dom-id"),
         sro("VBDs"),
+        mro("failed-VBDs"),
         mro("guest-metrics"),
         rw("workload"),
     ],
@@ -141,6 +142,8 @@ pub static VBD: ClassDef = ClassDef {
         rw("type"),
         rw("unpluggable"),
         ro("currently-attached"),
+        ro("tapdisk-restarts"),
+        ro("status-detail"),
     ],
     default_list: &[
         "uuid",
@@ -465,6 +468,7 @@ pub fn vm_record(vm: &VmRecord, ctx: &Context) -> Record {
         }),
         "dom-id" => s(vm.domid),
         "VBDs" => Value::Set(vm.vbds.clone()),
+        "failed-VBDs" => map(&vm.failed_vbds),
         "guest-metrics" => match ctx.guest_metrics.get(&vm.uuid) {
             Some(Ok(m)) => map(m),
             Some(Err(_)) => s("<unknown>"),
@@ -493,6 +497,8 @@ pub fn vbd_record(vbd: &VbdRecord, ctx: &Context) -> Record {
         "type" => s(&vbd.vbd_type),
         "unpluggable" => bool_str(vbd.unpluggable),
         "currently-attached" => bool_str(vbd.currently_attached),
+        "tapdisk-restarts" => s(vbd.tapdisk_restarts),
+        "status-detail" => s(&vbd.status_detail),
         other => unreachable!("VBD field {other}"),
     })
 }
@@ -664,6 +670,7 @@ mod tests {
             vbds: vec!["b1".into(), "b2".into()],
             vifs: Vec::new(),
             current_operations: Vec::new(),
+            failed_vbds: BTreeMap::from([("xvdb".to_string(), "its tapdisk died".to_string())]),
         }
     }
 
@@ -696,6 +703,10 @@ mod tests {
         );
         assert_eq!(r.get("VBDs").unwrap().render(), "b1; b2");
         assert_eq!(r.get("dom-id").unwrap().render(), "3");
+        assert_eq!(
+            r.get("failed-VBDs").unwrap().render(),
+            "xvdb: its tapdisk died"
+        );
         let text = r.to_text();
         assert!(
             text.contains("     guest-metrics (MRO): ready: 1; workload/iops: 12\n"),
@@ -720,11 +731,15 @@ mod tests {
             vbd_type: "Disk".into(),
             bootable: false,
             unpluggable: true,
-            currently_attached: false,
+            currently_attached: true,
+            tapdisk_restarts: 2,
+            status_detail: String::new(),
         };
         let r = vbd_record(&vbd, &Context::default());
         assert_eq!(r.get("vm-name-label").unwrap().render(), NOT_IN_DATABASE);
         assert_eq!(r.get("mode").unwrap().render(), "RO");
+        assert_eq!(r.get("tapdisk-restarts").unwrap().render(), "2");
+        assert_eq!(r.get("status-detail").unwrap().render(), "");
     }
 
     #[test]

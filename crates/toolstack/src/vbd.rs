@@ -20,6 +20,19 @@ pub fn devid_of_userdevice(n: u32) -> u32 {
     }
 }
 
+/// The userdevice whose device id is `devid` (the inverse of
+/// [`devid_of_userdevice`]).
+pub fn userdevice_of_devid(devid: u32) -> Option<u32> {
+    let n = if devid & (1 << 28) != 0 {
+        (devid & !(1 << 28)) >> 8
+    } else if devid >> 8 == 202 {
+        (devid & 0xff) >> 4
+    } else {
+        return None;
+    };
+    (n <= MAX_USERDEVICE && devid_of_userdevice(n) == devid).then_some(n)
+}
+
 /// Linux's name for userdevice `n`: `xvda` for 0, `xvdz` for 25, `xvdaa` for 26.
 pub fn device_name(n: u32) -> String {
     // Bijective base 26: a..z, aa..zz, aaa...
@@ -66,6 +79,12 @@ mod tests {
         let all: std::collections::HashSet<u32> =
             (0..=MAX_USERDEVICE).map(devid_of_userdevice).collect();
         assert_eq!(all.len(), 255, "two slots share a device id");
+        for n in 0..=MAX_USERDEVICE {
+            assert_eq!(userdevice_of_devid(devid_of_userdevice(n)), Some(n));
+        }
+        for bad in [0, 51713, 768, (1 << 28) | (255 << 8), (1 << 28) | 1] {
+            assert_eq!(userdevice_of_devid(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -186,6 +186,7 @@ impl Engine {
             cfg: self.cfg.clone(),
             pool: self.pool.clone(),
             conn: self.conn().await?,
+            events: self.events.clone(),
         })
     }
 

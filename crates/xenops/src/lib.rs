@@ -21,6 +21,7 @@ pub mod cgroup;
 pub mod placement;
 pub mod process;
 pub mod spec;
+pub mod supervise;
 pub mod vbd;
 pub mod vm;
 pub mod xs_tree;
@@ -104,6 +105,21 @@ pub enum VmEvent {
     /// The VM's guest exited (its workload ended with an error, it crashed
     /// or it was killed) and the VM was cleaned up: it is halted now.
     Halted { uuid: String, reason: String },
+    /// A VBD's tapdisk died and was started again ([`supervise`]);
+    /// `restarts` counts them since the VBD was plugged.
+    TapdiskRestarted {
+        uuid: String,
+        devid: u32,
+        restarts: u32,
+        status: String,
+    },
+    /// A VBD's tapdisk died too often and is left dead: the disk is gone
+    /// from the guest until it is unplugged and plugged again.
+    VbdFailed {
+        uuid: String,
+        devid: u32,
+        reason: String,
+    },
 }
 
 /// A handle on the lifecycle engine, cheap to clone and `Send`: the engine

@@ -8,9 +8,12 @@ use std::time::Duration;
 use pvio_abi::xenbus::XenbusState;
 use pvio_xenstore::Client;
 
+use std::rc::Rc;
+
 use crate::cgroup::CpuGroup;
 use crate::process::{log_tail, Proc};
 use crate::spec::VbdSpec;
+use crate::supervise::Tapdisk;
 use crate::xs_tree::{self, VbdPaths};
 
 /// How long a tapdisk may take to reach InitWait.
@@ -25,8 +28,53 @@ pub const TERM_GRACE: Duration = Duration::from_secs(5);
 pub struct PluggedVbd {
     pub spec: VbdSpec,
     pub paths: VbdPaths,
-    pub tapdisk: Proc,
+    /// Its tapdisk, restarted by [`crate::supervise`] when it dies.
+    pub tapdisk: Rc<Tapdisk>,
     pub log: PathBuf,
+}
+
+/// Everything needed to start a VBD's tapdisk, again if need be: the same
+/// command line, environment, log and cgroup every time.
+#[derive(Debug, Clone)]
+pub struct TapdiskLaunch {
+    pub pvio_bin: PathBuf,
+    pub backend: String,
+    pub hvd_socket: PathBuf,
+    pub xenstore_socket: PathBuf,
+    pub stats_file: PathBuf,
+    pub log: PathBuf,
+    pub wake_cost_ns: Option<u64>,
+    pub cgroup: Option<CpuGroup>,
+}
+
+impl TapdiskLaunch {
+    fn command(&self) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.pvio_bin);
+        cmd.arg("tapdisk")
+            .arg("--backend")
+            .arg(&self.backend)
+            .arg("--hvd-socket")
+            .arg(&self.hvd_socket)
+            .arg("--xenstore-socket")
+            .arg(&self.xenstore_socket)
+            .arg("--stats-file")
+            .arg(&self.stats_file)
+            .env(
+                "PVIO_LOG",
+                std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
+            );
+        if let Some(ns) = self.wake_cost_ns {
+            cmd.env(pvio_poll::calibrate::WAKE_COST_ENV, ns.to_string());
+        }
+        // Every CPU, whatever the toolstack's own affinity (the control slice's).
+        cmd.env(crate::affinity::CPUS_ENV, "all");
+        cmd
+    }
+
+    /// Starts a tapdisk.
+    pub async fn spawn(&self) -> std::io::Result<Proc> {
+        Proc::spawn_in_background(self.command(), self.log.clone(), self.cgroup.clone()).await
+    }
 }
 
 /// What plugging needs from the engine.
@@ -76,33 +124,25 @@ pub async fn plug(ctx: &PlugContext<'_>, spec: &VbdSpec) -> Result<PluggedVbd, P
     .map_err(|e| fail(format!("writing its xenstore directories: {e}")))?;
     let t_write = t0.elapsed();
     let log = ctx.dir.join(format!("tapdisk-{}.log", spec.devid));
-    let mut cmd = tokio::process::Command::new(ctx.pvio_bin);
-    cmd.arg("tapdisk")
-        .arg("--backend")
-        .arg(&paths.backend)
-        .arg("--hvd-socket")
-        .arg(ctx.hvd_socket)
-        .arg("--xenstore-socket")
-        .arg(ctx.xenstore_socket)
-        .arg("--stats-file")
-        .arg(ctx.dir.join(format!("tapdisk-{}.json", spec.devid)))
-        .env(
-            "PVIO_LOG",
-            std::env::var("PVIO_LOG").unwrap_or_else(|_| "info".into()),
-        );
-    if let Some(ns) = ctx.wake_cost_ns {
-        cmd.env(pvio_poll::calibrate::WAKE_COST_ENV, ns.to_string());
-    }
-    // Every CPU, whatever the toolstack's own affinity (the control slice's).
-    cmd.env(crate::affinity::CPUS_ENV, "all");
-    let tapdisk = Proc::spawn_in_background(cmd, log.clone(), ctx.cgroup.cloned())
+    let launch = TapdiskLaunch {
+        pvio_bin: ctx.pvio_bin.to_path_buf(),
+        backend: paths.backend.clone(),
+        hvd_socket: ctx.hvd_socket.to_path_buf(),
+        xenstore_socket: ctx.xenstore_socket.to_path_buf(),
+        stats_file: ctx.dir.join(format!("tapdisk-{}.json", spec.devid)),
+        log: log.clone(),
+        wake_cost_ns: ctx.wake_cost_ns,
+        cgroup: ctx.cgroup.cloned(),
+    };
+    let first = launch
+        .spawn()
         .await
         .map_err(|e| fail(format!("starting its tapdisk: {e}")))?;
     let t_spawn = t0.elapsed();
     let plugged = PluggedVbd {
         spec: spec.clone(),
         paths,
-        tapdisk,
+        tapdisk: Rc::new(Tapdisk::new(first, launch)),
         log,
     };
     match wait_backend(ctx.xs, &plugged, PLUG_TIMEOUT, |s| {
@@ -164,11 +204,12 @@ pub async fn wait_backend(
                 String::from_utf8_lossy(&err)
             ));
         }
+        let tapdisk = vbd.tapdisk.proc();
         tokio::select! {
             ev = w.next() => if ev.is_none() {
                 break Err("the xenstore connection was lost".into());
             },
-            _ = vbd.tapdisk.wait() => {}
+            _ = tapdisk.wait() => {}
             _ = tokio::time::sleep_until(deadline) => {
                 break Err(format!("its backend did not become ready within {timeout:?}"));
             }
@@ -184,17 +225,20 @@ pub async fn wait_backend(
 /// cleanly is done by force, and the reason is logged.
 pub async fn unplug(xs: &Client, vbd: &PluggedVbd, force: bool) {
     let devid = vbd.spec.devid;
-    if vbd.tapdisk.exit_status().is_none() {
+    // Before anything else: its supervisor must not restart it now.
+    vbd.tapdisk.set_stopping();
+    let tapdisk = vbd.tapdisk.proc();
+    if tapdisk.exit_status().is_none() {
         if force {
-            vbd.tapdisk.stop(TERM_GRACE).await;
+            tapdisk.stop(TERM_GRACE).await;
         } else {
             let online = format!("{}/online", vbd.paths.backend);
             if let Err(e) = xs.write(&online, "0").await {
                 tracing::warn!(devid, "writing {online}: {e}");
             }
-            if vbd.tapdisk.wait_timeout(UNPLUG_TIMEOUT).await.is_none() {
+            if tapdisk.wait_timeout(UNPLUG_TIMEOUT).await.is_none() {
                 tracing::warn!(devid, "the tapdisk did not close in time: stopping it");
-                vbd.tapdisk.stop(TERM_GRACE).await;
+                tapdisk.stop(TERM_GRACE).await;
             }
         }
     }

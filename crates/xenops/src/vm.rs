@@ -25,9 +25,10 @@ use tokio::sync::Semaphore;
 
 use crate::process::{log_tail, Proc};
 use crate::spec::{VbdSpec, VmSpec, Workload};
+use crate::supervise::{self, Supervised, TapdiskEvent};
 use crate::vbd::{self, PlugContext, PluggedVbd};
 use crate::xs_tree;
-use crate::{RunningVm, XenopsConfig, XenopsError};
+use crate::{RunningVm, VmEvent, XenopsConfig, XenopsError};
 
 /// Most VBDs a VM may have (xvda..xvdiu).
 pub const MAX_VBDS: usize = 255;
@@ -149,6 +150,8 @@ pub struct Ctx {
     pub cfg: Arc<XenopsConfig>,
     pub pool: Arc<Semaphore>,
     pub conn: Conn,
+    /// Where events the toolstack did not ask for go.
+    pub events: tokio::sync::mpsc::UnboundedSender<VmEvent>,
 }
 
 /// Runs the start steps. On error the caller runs [`teardown`].
@@ -239,6 +242,7 @@ pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(),
             let devid = spec.devid;
             match vbd::plug(&pctx, &spec).await {
                 Ok(p) => {
+                    watch_tapdisk(&ctx, &vm, &p);
                     vm.vbds.borrow_mut().insert(devid, p);
                     Ok(())
                 }
@@ -256,6 +260,42 @@ pub async fn plug_all(ctx: &Ctx, vm: &Rc<Vm>, specs: Vec<VbdSpec>) -> Result<(),
         .into_iter()
         .collect::<Result<Vec<()>, _>>()
         .map(drop)
+}
+
+/// Starts the supervisor of a plugged VBD's tapdisk ([`supervise`]): it
+/// restarts the tapdisk when it dies while the VBD is plugged and the VM
+/// is not being taken down, and tells the toolstack.
+fn watch_tapdisk(ctx: &Ctx, vm: &Rc<Vm>, p: &PluggedVbd) {
+    let weak = Rc::downgrade(vm);
+    let (events, uuid, devid) = (ctx.events.clone(), vm.spec.uuid.clone(), p.spec.devid);
+    let s = Supervised {
+        xs: ctx.conn.xs.clone(),
+        vm: vm.spec.name.clone(),
+        devid,
+        backend: p.paths.backend.clone(),
+        log: p.log.clone(),
+        tapdisk: p.tapdisk.clone(),
+        vm_stopping: Box::new(move || {
+            weak.upgrade()
+                .is_none_or(|vm| vm.phase.get() == Phase::Stopping)
+        }),
+        notify: Box::new(move |ev| {
+            let _ = events.send(match ev {
+                TapdiskEvent::Restarted { restarts, status } => VmEvent::TapdiskRestarted {
+                    uuid: uuid.clone(),
+                    devid,
+                    restarts,
+                    status,
+                },
+                TapdiskEvent::Failed { reason } => VmEvent::VbdFailed {
+                    uuid: uuid.clone(),
+                    devid,
+                    reason,
+                },
+            });
+        }),
+    };
+    tokio::task::spawn_local(supervise::supervise(s));
 }
 
 /// Runs futures concurrently on this thread and returns their results in

@@ -326,6 +326,7 @@ fn objects_are_created_listed_and_printed_like_xe() {
          \x20          resident-on ( RO): <not in database>\n\
          \x20               dom-id ( RO): -1\n\
          \x20                 VBDs (SRO): {vbd}\n\
+         \x20          failed-VBDs (MRO): \n\
          \x20        guest-metrics (MRO): \n\
          \x20             workload ( RW): job:rw=randread,bs=4k\n\n\n",
         vm = o.vm,

@@ -25,6 +25,22 @@ pub const BLKIF_OP_DISCARD: u8 = 5;
 /// An indirect request (`feature-max-indirect-segments`); see [`BlkifRequestIndirect`].
 pub const BLKIF_OP_INDIRECT: u8 = 6;
 
+/// pvio's block-status extension, not in Xen's `blkif.h` and only sent to
+/// a backend that writes `feature-pvio-block-status = 1`: a request in the
+/// [`BlkifRequest`] layout with one segment, a whole granted page (sectors
+/// 0..=7) into which the backend writes what the disk holds from
+/// `sector_number` on, as consecutive [`BlkifBlockStatus`] entries (up to
+/// [`BLKIF_BLOCK_STATUS_PER_PAGE`], ended early by one of zero length). The
+/// answer may stop short of the disk's end; ask again from there.
+pub const BLKIF_OP_PVIO_BLOCK_STATUS: u8 = 0xf0;
+/// [`BlkifBlockStatus::flags`]: the range is not allocated in the image.
+pub const BLKIF_BLOCK_STATUS_HOLE: u32 = 1 << 0;
+/// [`BlkifBlockStatus::flags`]: the range reads as zeroes.
+pub const BLKIF_BLOCK_STATUS_ZERO: u32 = 1 << 1;
+/// Entries in one answer page.
+pub const BLKIF_BLOCK_STATUS_PER_PAGE: usize =
+    crate::XEN_PAGE_SIZE / core::mem::size_of::<BlkifBlockStatus>();
+
 /// `BLKIF_DISCARD_SECURE`: the discard must erase securely.
 pub const BLKIF_DISCARD_SECURE: u8 = 1;
 
@@ -89,6 +105,18 @@ pub struct BlkifRequest {
     pub id: u64,
     pub sector_number: BlkifSector,
     pub seg: [BlkifRequestSegment; BLKIF_MAX_SEGMENTS_PER_REQUEST],
+}
+
+/// One entry of a [`BLKIF_OP_PVIO_BLOCK_STATUS`] answer (little-endian,
+/// 16 bytes): `nr_sectors` 512-byte sectors with the same `flags`.
+#[repr(C)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, FromBytes, IntoBytes, KnownLayout, Immutable,
+)]
+pub struct BlkifBlockStatus {
+    pub nr_sectors: u64,
+    pub flags: u32,
+    pub _pad: u32,
 }
 
 /// `struct blkif_request_discard`.
@@ -197,6 +225,7 @@ pub fn op_name(op: u8) -> &'static str {
         BLKIF_OP_RESERVED_1 => "reserved-1",
         BLKIF_OP_DISCARD => "discard",
         BLKIF_OP_INDIRECT => "indirect",
+        BLKIF_OP_PVIO_BLOCK_STATUS => "pvio-block-status",
         _ => "unknown",
     }
 }
@@ -241,5 +270,7 @@ mod tests {
         assert_eq!(blkif_ring_size(0), 32);
         assert_eq!(blkif_ring_size(4), 512);
         assert_eq!(BLKIF_SEGS_PER_INDIRECT_FRAME, 512);
+        assert_eq!(core::mem::size_of::<BlkifBlockStatus>(), 16);
+        assert_eq!(BLKIF_BLOCK_STATUS_PER_PAGE, 256);
     }
 }

@@ -22,6 +22,8 @@ pub struct DiskInfo {
     pub discard: bool,
     /// Largest single request in bytes.
     pub max_request_bytes: u32,
+    /// Block status is answered ([`DeviceOp::BlockStatus`]).
+    pub block_status: bool,
 }
 
 impl DiskInfo {
@@ -40,6 +42,77 @@ pub enum DeviceOp {
     Flush,
     /// Drop the contents of a range (reads of it return zeroes).
     Discard,
+    /// Say what the range holds (holes, zeroes, data): the answer lands in
+    /// the buffer, which must hold at least one page, in blkif's
+    /// `BlkifBlockStatus` layout (read it with [`parse_block_status`]); the
+    /// completion's length is how much of the range it describes (at least
+    /// one sector, maybe less than asked).
+    BlockStatus,
+}
+
+/// One extent of a [`DeviceOp::BlockStatus`] answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatusExtent {
+    /// Length in bytes.
+    pub len: u64,
+    /// Not allocated in the image.
+    pub hole: bool,
+    /// Reads as zeroes.
+    pub zero: bool,
+}
+
+/// Reads a block-status answer (blkif's `BlkifBlockStatus` entries, as
+/// the backend wrote them into `answer`): the extents, clipped so that
+/// they cover at most `len` bytes, ending at the first empty entry.
+pub fn parse_block_status(answer: &[u8], len: u64) -> Vec<StatusExtent> {
+    use pvio_abi::blkif::{BlkifBlockStatus, BLKIF_BLOCK_STATUS_HOLE, BLKIF_BLOCK_STATUS_ZERO};
+    use zerocopy::FromBytes;
+    let mut out = Vec::new();
+    let mut left = len;
+    for raw in answer.chunks_exact(std::mem::size_of::<BlkifBlockStatus>()) {
+        let Ok(e) = BlkifBlockStatus::read_from_bytes(raw) else {
+            break;
+        };
+        let bytes = e.nr_sectors.saturating_mul(512).min(left);
+        if bytes == 0 {
+            break;
+        }
+        out.push(StatusExtent {
+            len: bytes,
+            hole: e.flags & BLKIF_BLOCK_STATUS_HOLE != 0,
+            zero: e.flags & BLKIF_BLOCK_STATUS_ZERO != 0,
+        });
+        left -= bytes;
+    }
+    out
+}
+
+/// Writes a block-status answer of `extents` into `answer` (the layout
+/// [`parse_block_status`] reads; at most as many as fit).
+pub fn write_block_status(answer: &mut [u8], extents: &[StatusExtent]) {
+    use pvio_abi::blkif::{BlkifBlockStatus, BLKIF_BLOCK_STATUS_HOLE, BLKIF_BLOCK_STATUS_ZERO};
+    use zerocopy::IntoBytes;
+    let size = std::mem::size_of::<BlkifBlockStatus>();
+    let mut slots = answer.chunks_exact_mut(size);
+    for x in extents {
+        let Some(slot) = slots.next() else { return };
+        let mut flags = 0;
+        if x.hole {
+            flags |= BLKIF_BLOCK_STATUS_HOLE;
+        }
+        if x.zero {
+            flags |= BLKIF_BLOCK_STATUS_ZERO;
+        }
+        let e = BlkifBlockStatus {
+            nr_sectors: x.len >> 9,
+            flags,
+            _pad: 0,
+        };
+        slot.copy_from_slice(e.as_bytes());
+    }
+    if let Some(end) = slots.next() {
+        end.fill(0);
+    }
 }
 
 /// One request. `offset` and `len` are in bytes and must be multiples of the
@@ -137,6 +210,9 @@ pub fn check_request(
     if req.op == DeviceOp::Discard && !info.discard {
         return Err(DeviceError::NotSupported);
     }
+    if req.op == DeviceOp::BlockStatus && !info.block_status {
+        return Err(DeviceError::NotSupported);
+    }
     if info.read_only && matches!(req.op, DeviceOp::Write | DeviceOp::Discard) {
         return Err(DeviceError::ReadOnly);
     }
@@ -153,6 +229,12 @@ pub fn check_request(
             req.offset,
             req.len,
             info.size_bytes()
+        )));
+    }
+    if req.op == DeviceOp::BlockStatus && (req.buf >= buffers.0 || buffers.1 < 4096) {
+        return Err(DeviceError::Invalid(format!(
+            "block status needs a buffer of a page; there is no buffer {} of {} bytes",
+            req.buf, buffers.1
         )));
     }
     if matches!(req.op, DeviceOp::Read | DeviceOp::Write) {
@@ -190,6 +272,7 @@ impl MemDevice {
             flush: true,
             discard: true,
             max_request_bytes: buf_size as u32,
+            block_status: true,
         };
         Self {
             data: vec![0; (info.sectors * 512) as usize],
@@ -224,16 +307,35 @@ impl BlockDevice for MemDevice {
     fn submit(&mut self, req: DeviceRequest) -> Result<(), DeviceError> {
         check_request(&self.info, (self.buffer_count(), self.buffer_size()), &req)?;
         let (o, n) = (req.offset as usize, req.len as usize);
+        let mut described = req.len;
         match req.op {
             DeviceOp::Read => self.bufs[req.buf][..n].copy_from_slice(&self.data[o..o + n]),
             DeviceOp::Write => self.data[o..o + n].copy_from_slice(&self.bufs[req.buf][..n]),
             DeviceOp::Discard => self.data[o..o + n].fill(0),
             DeviceOp::Flush => {}
+            DeviceOp::BlockStatus => {
+                // Memory is always allocated; say which sectors are zero.
+                let mut extents: Vec<StatusExtent> = Vec::new();
+                for sector in self.data[o..o + n].chunks(512) {
+                    let zero = sector.iter().all(|&b| b == 0);
+                    match extents.last_mut() {
+                        Some(e) if e.zero == zero => e.len += 512,
+                        _ => extents.push(StatusExtent {
+                            len: 512,
+                            hole: false,
+                            zero,
+                        }),
+                    }
+                }
+                extents.truncate(pvio_abi::blkif::BLKIF_BLOCK_STATUS_PER_PAGE);
+                described = extents.iter().map(|e| e.len as u32).sum();
+                write_block_status(&mut self.bufs[req.buf], &extents);
+            }
         }
         let len = if req.op == DeviceOp::Flush {
             0
         } else {
-            req.len
+            described
         };
         self.done.push(DeviceCompletion {
             tag: req.tag,

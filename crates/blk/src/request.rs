@@ -25,9 +25,9 @@ use std::ops::Deref;
 use pvio_abi::blkif::{
     BlkifRequest, BlkifRequestSegment, BlkifResponse, BLKIF_DEFAULT_MAX_INDIRECT_SEGMENTS,
     BLKIF_DISCARD_SECURE, BLKIF_MAX_INDIRECT_PAGES_PER_REQUEST, BLKIF_MAX_SEGMENTS_PER_REQUEST,
-    BLKIF_OP_DISCARD, BLKIF_OP_FLUSH_DISKCACHE, BLKIF_OP_INDIRECT, BLKIF_OP_READ, BLKIF_OP_WRITE,
-    BLKIF_OP_WRITE_BARRIER, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_ERROR, BLKIF_SECTORS_PER_PAGE,
-    BLKIF_SECTOR_SIZE, BLKIF_SEGS_PER_INDIRECT_FRAME,
+    BLKIF_OP_DISCARD, BLKIF_OP_FLUSH_DISKCACHE, BLKIF_OP_INDIRECT, BLKIF_OP_PVIO_BLOCK_STATUS,
+    BLKIF_OP_READ, BLKIF_OP_WRITE, BLKIF_OP_WRITE_BARRIER, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_ERROR,
+    BLKIF_SECTORS_PER_PAGE, BLKIF_SECTOR_SIZE, BLKIF_SEGS_PER_INDIRECT_FRAME,
 };
 use pvio_abi::grant_table::GrantRef;
 use pvio_abi::XEN_PAGE_SIZE;
@@ -70,6 +70,8 @@ pub struct DiskLimits {
     /// offered (and answered `BLKIF_RSP_EOPNOTSUPP`). Values above the
     /// protocol's 4096 are treated as 4096.
     pub max_indirect_segments: u32,
+    /// `feature-pvio-block-status`.
+    pub block_status: bool,
 }
 
 impl DiskLimits {
@@ -85,6 +87,7 @@ impl DiskLimits {
             discard: true,
             discard_secure: false,
             max_indirect_segments: BLKIF_DEFAULT_MAX_INDIRECT_SEGMENTS as u32,
+            block_status: true,
         }
     }
 
@@ -123,6 +126,10 @@ pub enum Operation {
         /// Erase securely (only when the disk offers `discard-secure`).
         secure: bool,
     },
+    /// pvio's extension (`BLKIF_OP_PVIO_BLOCK_STATUS`): write what the disk
+    /// holds from the request's sector on (holes, zeroes, data) into the
+    /// one segment, a whole page.
+    BlockStatus,
 }
 
 impl Operation {
@@ -130,7 +137,16 @@ impl Operation {
     /// discard). A flush that carries segments writes them too: see
     /// [`Request::changes_disk`].
     pub fn modifies_disk(&self) -> bool {
-        !matches!(self, Operation::Read | Operation::Flush)
+        !matches!(
+            self,
+            Operation::Read | Operation::Flush | Operation::BlockStatus
+        )
+    }
+
+    /// Whether the backend writes into the request's pages (a read, or a
+    /// block-status answer): they are then mapped writable.
+    pub fn fills_segments(&self) -> bool {
+        matches!(self, Operation::Read | Operation::BlockStatus)
     }
 
     /// Whether data moves from the disk into guest memory.
@@ -146,6 +162,7 @@ impl Operation {
             Operation::WriteBarrier => BLKIF_OP_WRITE_BARRIER,
             Operation::Flush => BLKIF_OP_FLUSH_DISKCACHE,
             Operation::Discard { .. } => BLKIF_OP_DISCARD,
+            Operation::BlockStatus => BLKIF_OP_PVIO_BLOCK_STATUS,
         }
     }
 }
@@ -372,10 +389,12 @@ impl Request {
             BLKIF_OP_FLUSH_DISKCACHE if limits.flush => parse_direct(slot, op, limits),
             BLKIF_OP_DISCARD if limits.discard => parse_discard(slot, limits),
             BLKIF_OP_INDIRECT if limits.indirect_limit() > 0 => parse_indirect(slot, limits, pages),
+            BLKIF_OP_PVIO_BLOCK_STATUS if limits.block_status => parse_block_status(slot, limits),
             BLKIF_OP_WRITE_BARRIER
             | BLKIF_OP_FLUSH_DISKCACHE
             | BLKIF_OP_DISCARD
-            | BLKIF_OP_INDIRECT => Err(RequestError::NotOffered { op }),
+            | BLKIF_OP_INDIRECT
+            | BLKIF_OP_PVIO_BLOCK_STATUS => Err(RequestError::NotOffered { op }),
             _ => Err(RequestError::UnknownOperation { op }),
         }
     }
@@ -671,6 +690,54 @@ fn parse_discard(slot: &BlkifRequest, limits: &DiskLimits) -> Result<Request, Re
     })
 }
 
+/// A block-status query: one segment, a whole page for the answer, and a
+/// first sector on the disk (aligned to the logical block size).
+fn parse_block_status(slot: &BlkifRequest, limits: &DiskLimits) -> Result<Request, RequestError> {
+    let BlkifRequest {
+        nr_segments,
+        id,
+        sector_number,
+        ref seg,
+        ..
+    } = *slot;
+    let operation = Operation::BlockStatus;
+    match nr_segments {
+        0 => return Err(RequestError::NoSegments { op: operation }),
+        1 => {}
+        nr => {
+            return Err(RequestError::TooManySegments {
+                nr: u32::from(nr),
+                max: 1,
+            })
+        }
+    }
+    let desc = seg[0];
+    if desc.first_sect != 0 || desc.last_sect != BLKIF_SECTORS_PER_PAGE - 1 {
+        return Err(RequestError::BadSegment {
+            index: 0,
+            first_sect: desc.first_sect,
+            last_sect: desc.last_sect,
+        });
+    }
+    // The query starts on the disk: at least one sector is left.
+    check_range(operation, sector_number, 1, limits)?;
+    let bs = limits.block_sectors();
+    if !sector_number.is_multiple_of(bs) {
+        return Err(misaligned(sector_number, 0, bs));
+    }
+    let mut next = sector_number;
+    let mut segments = Segments::inline();
+    segments.push(take_segment(0, desc, &mut next)?);
+    Ok(Request {
+        id,
+        operation,
+        indirect: false,
+        sector: sector_number,
+        nr_sectors: 0,
+        segments,
+    })
+}
+
 /// Rows 9 and 10 for a read, write, flush or barrier whose segments are
 /// already valid.
 fn finish(
@@ -758,6 +825,14 @@ pub fn assert_request_invariants(req: &Request, limits: &DiskLimits) {
         end.is_some_and(|e| e <= limits.sectors),
         "request {req:?} leaves the disk"
     );
+    if req.operation() == Operation::BlockStatus {
+        assert!(req.sector() < limits.sectors, "query beyond the disk");
+        assert_eq!(req.nr_sectors(), 0);
+        assert_eq!(req.segments().len(), 1, "one answer page");
+        assert_eq!(req.segments()[0].len(), XEN_PAGE_SIZE, "a whole page");
+        assert!(!req.changes_disk());
+        return;
+    }
     let bs = limits.block_sectors();
     if req.nr_sectors() > 0 {
         assert!(req.sector().is_multiple_of(bs), "misaligned start accepted");
@@ -791,6 +866,7 @@ pub fn assert_request_invariants(req: &Request, limits: &DiskLimits) {
             assert_eq!(total, req.nr_sectors());
         }
         Operation::Flush | Operation::WriteBarrier => assert_eq!(total, req.nr_sectors()),
+        Operation::BlockStatus => unreachable!("checked above"),
     }
     let max = if req.is_indirect() {
         limits.indirect_limit() as usize
@@ -833,6 +909,7 @@ pub fn fuzz_parse(data: &[u8]) {
         discard: flags & 8 != 0,
         discard_secure: flags & 16 != 0,
         max_indirect_segments: u32::from(u16::from_le_bytes([l[10], l[11]])),
+        block_status: flags & 32 != 0,
     };
     let chunks = rest.len().div_ceil(XEN_PAGE_SIZE);
     let mut source = |gref: GrantRef, page: &mut IndirectPage| -> Result<(), IndirectUnavailable> {

@@ -39,6 +39,9 @@ pub mod backend {
     pub const PVIO_SPLIT_SIZE: &str = "pvio-split-size";
     /// pvio: I/O engine (`auto`, `uring`, `threads`).
     pub const PVIO_IO_ENGINE: &str = "pvio-io-engine";
+    /// pvio: the backend answers `BLKIF_OP_PVIO_BLOCK_STATUS` (what the
+    /// image holds: holes, zeroes, data).
+    pub const FEATURE_PVIO_BLOCK_STATUS: &str = "feature-pvio-block-status";
 }
 
 /// Frontend → backend: the transport, before Initialised.

@@ -309,6 +309,42 @@ fn ranges_overflowing_or_beyond_the_disk() {
 }
 
 #[test]
+fn block_status_queries_take_one_whole_page_on_the_disk() {
+    let q = |sector, segs: &[BlkifRequestSegment]| {
+        direct(BLKIF_OP_PVIO_BLOCK_STATUS, sector, segs)
+    };
+    let r = parse(&q(DISK - 1, &[seg(5, 0, 7)]), &limits()).unwrap();
+    assert_eq!(r.operation(), Operation::BlockStatus);
+    assert_eq!((r.sector(), r.nr_sectors(), r.segments().len()), (DISK - 1, 0, 1));
+    assert_eq!(r.segments()[0].gref(), 5);
+    assert!(r.operation().fills_segments() && !r.changes_disk());
+    assert_request_invariants(&r, &limits());
+    // Read-only disks answer it too.
+    let ro = DiskLimits {
+        read_only: true,
+        ..limits()
+    };
+    assert!(parse(&q(0, &[seg(5, 0, 7)]), &ro).is_ok());
+    for (what, slot) in [
+        ("no page", q(0, &[])),
+        ("two pages", q(0, &[seg(5, 0, 7), seg(6, 0, 7)])),
+        ("half a page", q(0, &[seg(5, 0, 3)])),
+        ("a page from sector 1", q(0, &[seg(5, 1, 7)])),
+        ("at the end", q(DISK, &[seg(5, 0, 7)])),
+        ("past the end", q(u64::MAX, &[seg(5, 0, 7)])),
+    ] {
+        let e = parse(&slot, &limits()).unwrap_err();
+        assert_eq!(e.status(), BLKIF_RSP_ERROR, "{what}: {e}");
+    }
+    let not_offered = DiskLimits {
+        block_status: false,
+        ..limits()
+    };
+    let e = parse(&q(0, &[seg(5, 0, 7)]), &not_offered).unwrap_err();
+    assert_eq!(e.status(), BLKIF_RSP_EOPNOTSUPP, "{e}");
+}
+
+#[test]
 fn logical_block_alignment() {
     let l4k = DiskLimits {
         logical_block_size: 4096,
@@ -481,7 +517,7 @@ fn arb_limits() -> impl Strategy<Value = DiskLimits> {
     (
         prop_oneof![Just(0u64), 1..64u64, Just(DISK), any::<u64>()],
         0..4u32,
-        any::<[bool; 5]>(),
+        any::<[bool; 6]>(),
         prop_oneof![Just(0u32), 1..300u32, Just(256u32), any::<u32>()],
     )
         .prop_map(|(sectors, shift, f, max_ind)| DiskLimits {
@@ -493,6 +529,7 @@ fn arb_limits() -> impl Strategy<Value = DiskLimits> {
             discard: f[3],
             discard_secure: f[4],
             max_indirect_segments: max_ind,
+            block_status: f[5],
         })
 }
 
@@ -515,7 +552,13 @@ fn arb_slot() -> impl Strategy<Value = BlkifRequest> {
             BLKIF_OP_INDIRECT => indirect(ind_op, sector, ind_n, &[1, 2, 3]),
             BLKIF_OP_DISCARD => discard(sector, disc_n, nseg & 1),
             _ => {
-                let mut r = direct(op, sector, &segs);
+                // 7 stands for pvio's block-status query (0xf0).
+                let code = if op == 7 {
+                    BLKIF_OP_PVIO_BLOCK_STATUS
+                } else {
+                    op
+                };
+                let mut r = direct(code, sector, &segs);
                 r.nr_segments = nseg;
                 r
             }

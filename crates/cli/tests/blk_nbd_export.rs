@@ -398,6 +398,99 @@ fn qemu_img_convert_and_nbdcopy_write_sparse_images_into_the_export() {
     );
 }
 
+/// The `base:allocation` map of the export as `nbdinfo --map` prints it:
+/// (offset, length, description) per line.
+fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, String)> {
+    ok("nbdinfo", &["--map", uri])
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.parse().ok()?,
+                f.get(3)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn the_export_shows_the_holes_of_a_sparse_image() {
+    std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
+    let host = MiniHost::start("nbd-map").unwrap();
+    // A sparse 64 MiB image with data at 1 MiB (64 KiB) and 10 MiB (1 MiB).
+    let img = host.dir.0.join("sparse.img");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::create(&img).unwrap();
+        f.set_len(64 * MIB).unwrap();
+        f.write_all_at(&[7u8; 64 << 10], MIB).unwrap();
+        f.write_all_at(&vec![9u8; MIB as usize], 10 * MIB).unwrap();
+    }
+    let d = host.create_domain("vm1", 128).unwrap();
+    let vbd = host
+        .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
+        .unwrap();
+    let _tap = host.start_tapdisk(&vbd, &[]).unwrap();
+    host.wait_for_value(
+        &format!("{}/state", vbd.backend),
+        "2",
+        Duration::from_secs(20),
+    )
+    .unwrap();
+    let sock = host.dir.0.join("nbd.sock");
+    let mut guest = host
+        .guest_command(&d)
+        .unwrap()
+        .arg("--nbd")
+        .arg(&sock)
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(guest.try_wait().unwrap().is_none(), "the guest exited");
+        assert!(Instant::now() < end, "no NBD export appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let data_at = |map: &[(u64, u64, String)], at: u64| {
+        map.iter()
+            .find(|(o, l, _)| *o <= at && at < o + l)
+            .map(|(_, _, d)| d.clone())
+            .unwrap_or_default()
+    };
+    let map = nbdinfo_map(&uri);
+    assert_eq!(map.iter().map(|m| m.1).sum::<u64>(), 64 * MIB, "{map:?}");
+    assert_eq!(data_at(&map, 0), "hole,zero", "{map:?}");
+    assert_eq!(data_at(&map, MIB), "data", "{map:?}");
+    assert_eq!(data_at(&map, 5 * MIB), "hole,zero", "{map:?}");
+    assert_eq!(data_at(&map, 10 * MIB + 4096), "data", "{map:?}");
+    assert_eq!(data_at(&map, 63 * MIB), "hole,zero", "{map:?}");
+    // A write into a hole allocates it; a trim makes a hole again.
+    qemu_io(&uri, &["write -P 0x5a 32m 128k".into()]);
+    let map = nbdinfo_map(&uri);
+    assert_eq!(data_at(&map, 32 * MIB), "data", "{map:?}");
+    qemu_io(&uri, &["discard 10m 1m".into()]);
+    let map = nbdinfo_map(&uri);
+    assert_eq!(data_at(&map, 10 * MIB + 4096), "hole,zero", "{map:?}");
+    // qemu-img sees the same allocation.
+    let t = ok("qemu-img", &["map", "--output=json", "-f", "raw", &uri]);
+    let v: serde_json::Value = serde_json::from_str(&t).unwrap_or_else(|e| panic!("{e}: {t}"));
+    let allocated: u64 = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["data"].as_bool() == Some(true))
+        .map(|e| e["length"].as_u64().unwrap())
+        .sum();
+    assert!(
+        (MIB / 16..=4 * MIB).contains(&allocated),
+        "qemu-img map says {allocated} bytes are data: {t}"
+    );
+    let _ = guest.kill();
+    let _ = guest.wait();
+}
+
 /// Runs a job in the guest (blkfront directly, no NBD) and returns its report.
 fn job(host: &MiniHost, d: &pvio_hv::CreatedDomain, spec: &str) -> serde_json::Value {
     let out = host

@@ -349,8 +349,22 @@ fn garbage_in_the_handshake_closes_only_that_connection() {
     c.greet(FLAG_C_FIXED_NEWSTYLE);
     c.option(77, b"hello");
     assert_eq!(c.option_reply().0, REP_ERR_UNSUP);
+    c.option(OPT_STRUCTURED_REPLY, b"junk");
+    assert_eq!(c.option_reply().0, REP_ERR_INVALID);
+    c.option(OPT_SET_META_CONTEXT, &[0xff; 40]);
+    assert_eq!(
+        c.option_reply().0,
+        REP_ERR_INVALID,
+        "metadata before structured replies"
+    );
     c.option(OPT_STRUCTURED_REPLY, &[]);
-    assert_eq!(c.option_reply().0, REP_ERR_UNSUP);
+    assert_eq!(c.option_reply().0, REP_ACK);
+    c.option(OPT_SET_META_CONTEXT, &[0xff; 40]);
+    assert_eq!(
+        c.option_reply().0,
+        REP_ERR_INVALID,
+        "garbage metadata request"
+    );
     c.option(OPT_ABORT, &[]);
     assert_eq!(c.option_reply().0, REP_ACK);
     assert!(c.closed());

@@ -31,6 +31,8 @@ counters! {
     flushes,
     barriers,
     discards,
+    /// Block-status queries answered (pvio's extension).
+    block_status,
     bytes_read,
     bytes_written,
     /// Requests answered `BLKIF_RSP_ERROR` after an I/O failure.

@@ -400,6 +400,10 @@ impl Disk {
                 bk::FEATURE_DISCARD,
                 u8::from(self.limits.discard).to_string(),
             ),
+            (
+                bk::FEATURE_PVIO_BLOCK_STATUS,
+                u8::from(self.limits.block_status).to_string(),
+            ),
         ];
         if self.limits.discard {
             kv.push((

@@ -22,12 +22,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pvio_abi::blkif::{
-    Blkif, BlkifRequest, BlkifResponse, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_ERROR, BLKIF_RSP_OKAY,
+    Blkif, BlkifBlockStatus, BlkifRequest, BlkifResponse, BLKIF_BLOCK_STATUS_HOLE,
+    BLKIF_BLOCK_STATUS_PER_PAGE, BLKIF_BLOCK_STATUS_ZERO, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_ERROR,
+    BLKIF_RSP_OKAY,
 };
 use pvio_abi::DomId;
+use pvio_abi::XEN_PAGE_SIZE;
 use pvio_hv::{EventChannel, ForeignMemory, FrameMapping};
 use pvio_poll::{HostLoad, PollPolicy};
 use pvio_ring::{BackRing, RingError};
+use zerocopy::IntoBytes;
 
 use super::grants::{GrantError, GrantMapper};
 use super::metrics::QueueMetrics;
@@ -467,7 +471,7 @@ impl Queue {
             let mut frames = std::mem::take(&mut self.frames);
             let mapped = self
                 .grants
-                .map(&grefs, op.is_read(), &mut frames, &mut temp);
+                .map(&grefs, op.fills_segments(), &mut frames, &mut temp);
             QueueMetrics::set(&self.metrics.grant_map_calls, self.grants.map_calls);
             QueueMetrics::set(
                 &self.metrics.persistent_grants,
@@ -521,6 +525,14 @@ impl Queue {
             Operation::Flush => QueueMetrics::add(&self.metrics.flushes, 1),
             Operation::WriteBarrier => QueueMetrics::add(&self.metrics.barriers, 1),
             Operation::Discard { .. } => QueueMetrics::add(&self.metrics.discards, 1),
+            Operation::BlockStatus => {
+                // Metadata only: answered here, no I/O in flight.
+                QueueMetrics::add(&self.metrics.block_status, 1);
+                let status = self.answer_block_status(&req, &bufs);
+                self.grants.release(&temp);
+                self.respond(&req.response(status));
+                return;
+            }
         }
         let Some(s) = self.free_slots.pop() else {
             // Cannot happen: we take at most as many requests as slots.
@@ -547,6 +559,49 @@ impl Queue {
             return;
         }
         self.begin(s);
+    }
+
+    /// Writes what the image holds from the request's sector on into its
+    /// answer page (`BLKIF_OP_PVIO_BLOCK_STATUS`); the response's status.
+    fn answer_block_status(&mut self, req: &Request, bufs: &[IoBuf]) -> i16 {
+        let Some(page) = bufs.first().filter(|b| b.len == XEN_PAGE_SIZE) else {
+            return BLKIF_RSP_ERROR;
+        };
+        let offset = req.disk_offset();
+        let len = self.image.size().saturating_sub(offset);
+        let mut found = Vec::new();
+        if let Err(e) =
+            self.image
+                .block_status(offset, len, BLKIF_BLOCK_STATUS_PER_PAGE, &mut found)
+        {
+            QueueMetrics::add(&self.metrics.io_errors, 1);
+            self.refusals.warn(self.index, "block_status", || {
+                format!("block status from byte {offset}: {e}")
+            });
+            return BLKIF_RSP_ERROR;
+        }
+        let mut answer = [0u8; XEN_PAGE_SIZE];
+        for (entry, s) in answer.chunks_exact_mut(16).zip(&found) {
+            let mut flags = 0;
+            if !s.allocated {
+                flags |= BLKIF_BLOCK_STATUS_HOLE;
+            }
+            if s.zeroes {
+                flags |= BLKIF_BLOCK_STATUS_ZERO;
+            }
+            let e = BlkifBlockStatus {
+                nr_sectors: s.len >> 9,
+                flags,
+                _pad: 0,
+            };
+            entry.copy_from_slice(e.as_bytes());
+        }
+        // SAFETY: `page` is the request's one segment, a whole granted page
+        // of the guest's memory mapped writable for this request (a
+        // block-status answer fills its segment) and kept mapped by `mem`;
+        // exactly its 4096 bytes are written, through no Rust reference.
+        unsafe { std::ptr::copy_nonoverlapping(answer.as_ptr(), page.ptr, XEN_PAGE_SIZE) };
+        BLKIF_RSP_OKAY
     }
 
     fn refuse(&mut self, slot: &BlkifRequest, e: &RequestError) {

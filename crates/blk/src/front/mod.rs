@@ -329,6 +329,7 @@ pub async fn connect(
                 flush: false,
                 discard: false,
                 max_request_bytes: max_pages * XEN_PAGE_SIZE as u32,
+                block_status: false,
             },
             mem: res.memory.clone(),
             buffers,
@@ -436,7 +437,7 @@ impl BlkFront {
         .await?;
         not_closed(s)?;
         let b = |k: &str| format!("{}/{k}", self.be_dir);
-        let [ss, n, info, flush, discard] = read_keys(
+        let [ss, n, info, flush, discard, status] = read_keys(
             &self.xs,
             &self.be_dir,
             [
@@ -445,6 +446,7 @@ impl BlkFront {
                 bk::INFO,
                 bk::FEATURE_FLUSH_CACHE,
                 bk::FEATURE_DISCARD,
+                bk::FEATURE_PVIO_BLOCK_STATUS,
             ],
         )
         .await?;
@@ -464,6 +466,7 @@ impl BlkFront {
             flush: parse_num::<u32>(&b(bk::FEATURE_FLUSH_CACHE), flush, 0)? == 1,
             discard: parse_num::<u32>(&b(bk::FEATURE_DISCARD), discard, 0)? == 1,
             max_request_bytes: self.info.max_request_bytes,
+            block_status: parse_num::<u32>(&b(bk::FEATURE_PVIO_BLOCK_STATUS), status, 0)? == 1,
         };
         switch_state(&self.xs, &self.fe_dir, XenbusState::Connected).await?;
         Ok(())

@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use pvio_abi::blkif::{
     Blkif, BlkifRequest, BlkifRequestDiscard, BlkifRequestIndirect, BlkifRequestSegment,
     BLKIF_MAX_SEGMENTS_PER_REQUEST, BLKIF_OP_DISCARD, BLKIF_OP_FLUSH_DISKCACHE, BLKIF_OP_INDIRECT,
-    BLKIF_OP_READ, BLKIF_OP_WRITE, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_OKAY,
+    BLKIF_OP_PVIO_BLOCK_STATUS, BLKIF_OP_READ, BLKIF_OP_WRITE, BLKIF_RSP_EOPNOTSUPP,
+    BLKIF_RSP_OKAY,
 };
 use pvio_abi::grant_table::GrantRef;
 use pvio_abi::XEN_PAGE_SIZE;
@@ -30,7 +31,8 @@ use rustix::event::{PollFd, PollFlags};
 use zerocopy::IntoBytes;
 
 use crate::device::{
-    check_request, BlockDevice, DeviceCompletion, DeviceError, DeviceOp, DeviceRequest, DiskInfo,
+    check_request, parse_block_status, BlockDevice, DeviceCompletion, DeviceError, DeviceOp,
+    DeviceRequest, DiskInfo,
 };
 
 /// A request in flight, kept so it can be pushed again after a reconnect.
@@ -39,6 +41,8 @@ pub(crate) struct Inflight {
     pub tag: u64,
     pub op: DeviceOp,
     pub len: u32,
+    /// The buffer a block-status answer lands in.
+    pub buf: usize,
     /// The slot as pushed (its indirect pages stay in guest memory).
     pub slot: BlkifRequest,
 }
@@ -139,6 +143,7 @@ impl BlkQueue {
             tag,
             op: DeviceOp::Read,
             len: 0,
+            buf: 0,
             slot,
         });
         Ok(())
@@ -162,6 +167,23 @@ impl BlkQueue {
                 nr_sectors: u64::from(req.len) >> 9,
                 ..Default::default()
             })),
+            DeviceOp::BlockStatus => {
+                let mut r = BlkifRequest {
+                    operation: BLKIF_OP_PVIO_BLOCK_STATUS,
+                    nr_segments: 1,
+                    handle: self.devid as u16,
+                    id: u64::from(id),
+                    sector_number: sector,
+                    ..Default::default()
+                };
+                r.seg[0] = BlkifRequestSegment {
+                    gref: self.buffers[req.buf].grefs[0],
+                    first_sect: 0,
+                    last_sect: 7,
+                    _pad: [0; 2],
+                };
+                Ok(r)
+            }
             DeviceOp::Read | DeviceOp::Write => {
                 let op = if req.op == DeviceOp::Read {
                     BLKIF_OP_READ
@@ -253,10 +275,19 @@ impl BlkQueue {
             };
             st.free_ids.push(id as u32);
             let result = match rsp.status {
-                BLKIF_RSP_OKAY => Ok(match f.op {
-                    DeviceOp::Flush => 0,
-                    DeviceOp::Read | DeviceOp::Write | DeviceOp::Discard => f.len,
-                }),
+                BLKIF_RSP_OKAY => match f.op {
+                    DeviceOp::Flush => Ok(0),
+                    DeviceOp::Read | DeviceOp::Write | DeviceOp::Discard => Ok(f.len),
+                    DeviceOp::BlockStatus => {
+                        let answer = &self.buffer(f.buf)[..PAGE];
+                        let extents = parse_block_status(answer, u64::from(f.len));
+                        match extents.iter().map(|e| e.len).sum::<u64>() {
+                            // An answer that describes nothing is broken.
+                            0 => Err(DeviceError::Io),
+                            n => Ok(n as u32),
+                        }
+                    }
+                },
                 BLKIF_RSP_EOPNOTSUPP => Err(DeviceError::NotSupported),
                 _ => Err(DeviceError::Io),
             };
@@ -332,6 +363,7 @@ impl BlockDevice for BlkQueue {
             tag: req.tag,
             op: req.op,
             len: req.len,
+            buf: req.buf,
             slot,
         });
         Ok(())

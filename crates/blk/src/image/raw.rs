@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::direct::{dio_alignment, probe_read, DirectIo};
-use super::{check_range, Extent, Image, ImageError, ImageFile, MapOp, MapOutcome};
+use super::{check_range, Extent, Image, ImageError, ImageFile, MapOp, MapOutcome, Status};
 
 /// How to open a raw image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -228,6 +228,57 @@ impl Image for RawImage {
         }
         Ok(MapOutcome::Complete)
     }
+
+    /// Holes and data of the file, from `SEEK_DATA` and `SEEK_HOLE`. A
+    /// file or device that cannot say is all data. Boundaries are rounded
+    /// to 512 bytes towards more data.
+    fn block_status(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+        out: &mut Vec<Status>,
+    ) -> Result<(), ImageError> {
+        check_range(self, offset, len)?;
+        let f = &self.files[0];
+        let end = offset + len;
+        let seek = |to: rustix::fs::SeekFrom| -> Result<Option<u64>, ImageError> {
+            match rustix::fs::seek(f.file().as_ref(), to) {
+                Ok(p) => Ok(Some(p)),
+                // No data (or no hole) from there to the end of the file.
+                Err(rustix::io::Errno::NXIO) => Ok(Some(end)),
+                // Not supported here (a block device, an old filesystem).
+                Err(rustix::io::Errno::INVAL | rustix::io::Errno::OPNOTSUPP) => Ok(None),
+                Err(e) => Err(ImageError::io(
+                    f.path(),
+                    "lseek(SEEK_DATA/SEEK_HOLE)",
+                    e.into(),
+                )),
+            }
+        };
+        let mut at = offset;
+        let limit = max_extents.min(usize::MAX - 1);
+        while at < end && out.len() < limit {
+            let Some(data) = seek(rustix::fs::SeekFrom::Data(at))? else {
+                out.push(Status::data(end - at));
+                break;
+            };
+            let data = (data.min(end) / 512 * 512).max(at);
+            if data > at {
+                out.push(Status::hole(data - at));
+                at = data;
+                continue;
+            }
+            let hole = match seek(rustix::fs::SeekFrom::Hole(at))? {
+                Some(h) => h.min(end).div_ceil(512) * 512,
+                None => end,
+            };
+            let hole = hole.min(end).max((at + 512).min(end));
+            out.push(Status::data(hole - at));
+            at = hole;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -272,6 +323,47 @@ mod tests {
             matches!(err, ImageError::DirectIoUnsupported { .. }),
             "{err}"
         );
+        std::fs::remove_file(p).unwrap();
+    }
+
+    #[test]
+    fn block_status_shows_the_files_holes_and_data() {
+        use std::os::unix::fs::FileExt;
+        const M: u64 = 1 << 20;
+        let p = temp_image("status", 8 * M);
+        let f = OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_all_at(&[1u8; 4096], M).unwrap();
+        f.write_all_at(&vec![2u8; 3 * M as usize], 4 * M).unwrap();
+        drop(f);
+        let img = RawImage::open(&p, &RawOptions::default()).unwrap();
+        let mut out = Vec::new();
+        img.block_status(0, 8 * M, 64, &mut out).unwrap();
+        let total: u64 = out.iter().map(|s| s.len).sum();
+        assert_eq!(total, 8 * M, "{out:?}");
+        assert!(out.iter().all(|s| s.len % 512 == 0 && s.len > 0), "{out:?}");
+        // Every written byte is in a data extent; the first MiB is a hole.
+        let mut at = 0;
+        let mut data = Vec::new();
+        for s in &out {
+            assert_eq!(s.allocated, !s.zeroes, "{out:?}");
+            if s.allocated {
+                data.push((at, at + s.len));
+            }
+            at += s.len;
+        }
+        let covered = |o: u64| data.iter().any(|&(a, b)| a <= o && o < b);
+        assert!(covered(M) && covered(M + 4095), "{out:?}");
+        assert!(covered(4 * M) && covered(7 * M - 1), "{out:?}");
+        assert_eq!(out[0], Status::hole(M), "{out:?}");
+        assert!(!covered(7 * M + 4096), "{out:?}");
+        // A range in the middle of a data extent, and a cap on the count.
+        out.clear();
+        img.block_status(5 * M, 512, 64, &mut out).unwrap();
+        assert_eq!(out, [Status::data(512)]);
+        out.clear();
+        img.block_status(0, 8 * M, 2, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
+        assert!(img.block_status(8 * M, 512, 1, &mut out).is_err());
         std::fs::remove_file(p).unwrap();
     }
 

@@ -115,6 +115,7 @@ mod tests {
             flush: true,
             discard: false,
             max_request_bytes: max,
+            block_status: false,
         }
     }
 

@@ -1,6 +1,9 @@
 //! The device side of a session: runs validated commands on the
 //! [`BlockDevice`] with many device requests in flight, and answers each
-//! with a simple reply (in completion order, which NBD allows).
+//! in completion order, which NBD allows: with a simple reply, or, once
+//! structured replies are negotiated, a structured one for reads (one
+//! `OFFSET_DATA` chunk), block status (one `BLOCK_STATUS` chunk) and every
+//! error (one `ERROR` chunk).
 //!
 //! Reads, writes and write-zeroes larger than the device's largest request
 //! are split into several device requests; a command with FUA gets a device
@@ -14,13 +17,19 @@ use std::io::Write;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use pvio_blk::device::{BlockDevice, DeviceCompletion, DeviceError, DeviceOp, DeviceRequest};
+use pvio_blk::device::{
+    parse_block_status, BlockDevice, DeviceCompletion, DeviceError, DeviceOp, DeviceRequest,
+    StatusExtent,
+};
 
-use super::defs::{EINVAL, EIO, EPERM};
+use super::defs::{
+    EINVAL, EIO, EPERM, META_BASE_ALLOCATION_ID, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS,
+    REPLY_TYPE_ERROR, REPLY_TYPE_OFFSET_DATA, STATE_HOLE, STATE_ZERO,
+};
 use super::error::NbdError;
 use super::request::{Command, Refusal};
 use super::stats::NbdStats;
-use super::wire::simple_reply_header;
+use super::wire::{simple_reply_header, structured_reply_header};
 
 /// Commands running at once.
 pub const MAX_ACTIVE: usize = 64;
@@ -55,6 +64,7 @@ enum Op {
     Zeroes,
     Trim,
     Flush,
+    BlockStatus,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +80,13 @@ struct Active {
     offset: u64,
     len: u64,
     fua: bool,
-    /// Read: 16 bytes for the reply header, then the data. Write: the data.
+    /// Read: room for the reply's headers ([`Executor::read_header`]),
+    /// then the data. Write: the data.
     data: Vec<u8>,
+    /// Block status: only the first extent (`NBD_CMD_FLAG_REQ_ONE`).
+    one: bool,
+    /// Block status: what the device said.
+    extents: Vec<StatusExtent>,
     stage: Stage,
     /// Bytes of the data stage submitted (or 1 once the flush is).
     next: u64,
@@ -125,13 +140,25 @@ pub struct Executor<'a, D: BlockDevice + ?Sized, W: Write> {
     inflight: usize,
     replies_off: bool,
     reply_error: Option<std::io::Error>,
+    /// Structured replies were negotiated.
+    structured: bool,
+    /// Bytes before a read's data in its reply: a simple reply's header,
+    /// or a structured chunk's header and offset.
+    read_header: usize,
 }
 
 impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
     /// An executor whose device tags start at `tag_base` (distinct per
     /// session, so a late completion of an abandoned session is not
-    /// mistaken for one of this session).
-    pub fn new(dev: &'a mut D, out: &'a mut W, stats: &'a NbdStats, tag_base: u64) -> Self {
+    /// mistaken for one of this session), answering with structured
+    /// replies where NBD requires them when `structured`.
+    pub fn new(
+        dev: &'a mut D,
+        out: &'a mut W,
+        stats: &'a NbdStats,
+        tag_base: u64,
+        structured: bool,
+    ) -> Self {
         let info = dev.info();
         let sector = info.sector_size.max(1);
         let max = info
@@ -154,6 +181,8 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             inflight: 0,
             replies_off: false,
             reply_error: None,
+            structured,
+            read_header: if structured { 20 + 8 } else { 16 },
         }
     }
 
@@ -235,19 +264,28 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             Ok(c) => c,
             Err(r) => {
                 tracing::debug!(cookie, errno = r.errno, "nbd: refused: {}", r.reason);
-                self.reply(cookie, r.errno, None);
+                self.reply(cookie, r.errno);
                 return;
             }
         };
         let footprint = cmd.footprint();
+        let mut one = false;
         let (op, offset, len, fua, data) = match cmd {
             Command::Read { offset, len } => (
                 Op::Read,
                 offset,
                 u64::from(len),
                 false,
-                vec![0u8; 16 + len as usize],
+                vec![0u8; self.read_header + len as usize],
             ),
+            Command::BlockStatus {
+                offset,
+                len,
+                one: first_only,
+            } => {
+                one = first_only;
+                (Op::BlockStatus, offset, u64::from(len), false, Vec::new())
+            }
             Command::Write { offset, data, fua } => {
                 (Op::Write, offset, data.len() as u64, fua, data)
             }
@@ -266,6 +304,8 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             len,
             fua,
             data,
+            one,
+            extents: Vec::new(),
             stage: if op == Op::Flush {
                 Stage::Flush
             } else {
@@ -319,13 +359,16 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
                     let n = (a.len - a.next).min(u64::from(self.chunk));
                     (DeviceOp::Read, a.offset + a.next, n as u32)
                 }
+                // One question; the answer may cover less than asked,
+                // which NBD allows.
+                (Stage::Data, Op::BlockStatus) => (DeviceOp::BlockStatus, a.offset, a.len as u32),
                 (Stage::Data, _) => {
                     let n = (a.len - a.next).min(u64::from(self.chunk));
                     (DeviceOp::Write, a.offset + a.next, n as u32)
                 }
             };
             let at = a.next as usize;
-            let buf = if matches!(op, DeviceOp::Read | DeviceOp::Write) {
+            let buf = if matches!(op, DeviceOp::Read | DeviceOp::Write | DeviceOp::BlockStatus) {
                 match self.free_bufs.pop_front() {
                     Some(b) => Some(b),
                     None => return,
@@ -333,12 +376,11 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             } else {
                 None
             };
-            if let Some(b) = buf {
+            if let (Some(b), Op::Write | Op::Zeroes) = (buf, a.op) {
                 let dst = &mut self.dev.buffer_mut(b)[..n as usize];
                 match a.op {
                     Op::Write => dst.copy_from_slice(&a.data[at..at + n as usize]),
-                    Op::Zeroes => dst.fill(0),
-                    _ => {}
+                    _ => dst.fill(0),
                 }
             }
             let tag = self.next_tag;
@@ -352,10 +394,10 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             };
             match self.dev.submit(req) {
                 Ok(()) => {
-                    a.next += if op == DeviceOp::Flush {
-                        1
-                    } else {
-                        u64::from(n)
+                    a.next += match op {
+                        DeviceOp::Flush => 1,
+                        DeviceOp::BlockStatus => a.len,
+                        _ => u64::from(n),
                     };
                     a.outstanding += 1;
                     self.inflight += 1;
@@ -401,22 +443,28 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
             return;
         };
         a.outstanding -= 1;
-        let expect = if sub.op == DeviceOp::Flush {
-            None
-        } else {
-            Some(sub.len)
+        let expect = match sub.op {
+            DeviceOp::Flush | DeviceOp::BlockStatus => None,
+            _ => Some(sub.len),
         };
         match c.result {
             Ok(n) if expect.is_some_and(|e| e != n) => {
                 tracing::debug!(cookie = a.cookie, "nbd: short transfer {n} of {}", sub.len);
                 a.errno = EIO;
             }
-            Ok(_) => {
-                if let (DeviceOp::Read, Some(b)) = (sub.op, sub.buf) {
-                    let n = sub.len as usize;
-                    a.data[16 + sub.at..16 + sub.at + n].copy_from_slice(&self.dev.buffer(b)[..n]);
+            Ok(n) => match (sub.op, sub.buf) {
+                (DeviceOp::Read, Some(b)) => {
+                    let (h, n) = (self.read_header, sub.len as usize);
+                    a.data[h + sub.at..h + sub.at + n].copy_from_slice(&self.dev.buffer(b)[..n]);
                 }
-            }
+                (DeviceOp::BlockStatus, Some(b)) => {
+                    a.extents = parse_block_status(self.dev.buffer(b), u64::from(n.min(sub.len)));
+                    if a.extents.is_empty() {
+                        a.errno = EIO;
+                    }
+                }
+                _ => {}
+            },
             Err(e) => {
                 tracing::debug!(cookie = a.cookie, "nbd: device {:?} failed: {e}", sub.op);
                 if a.errno == 0 {
@@ -462,29 +510,92 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
                 _ => {}
             }
         }
-        let mut data = a.data;
-        let payload = (a.op == Op::Read && a.errno == 0).then_some(&mut data);
-        self.reply(a.cookie, a.errno, payload);
+        match (a.op, a.errno) {
+            (Op::Read, 0) => {
+                let mut data = a.data;
+                self.reply_read(a.cookie, a.offset, &mut data);
+            }
+            (Op::BlockStatus, 0) => self.reply_block_status(a.cookie, &a.extents, a.one),
+            (_, errno) => self.reply(a.cookie, errno),
+        }
     }
 
-    /// Sends a simple reply; `data` (a read's buffer, header space first)
-    /// goes out in the same write.
-    fn reply(&mut self, cookie: u64, errno: u32, data: Option<&mut Vec<u8>>) {
+    /// Answers a command without a payload: a simple reply, or with
+    /// structured replies an error as an `ERROR` chunk.
+    fn reply(&mut self, cookie: u64, errno: u32) {
         if errno != 0 {
             NbdStats::add(&self.stats.error_replies, 1);
         }
+        if errno != 0 && self.structured {
+            // error, message length (none).
+            let mut m =
+                structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_ERROR, cookie, 6).to_vec();
+            m.extend_from_slice(&errno.to_be_bytes());
+            m.extend_from_slice(&0u16.to_be_bytes());
+            self.send(&m);
+        } else {
+            self.send(&simple_reply_header(errno, cookie));
+        }
+    }
+
+    /// Answers a read; `data` is its buffer, header space first, and goes
+    /// out in one write.
+    fn reply_read(&mut self, cookie: u64, offset: u64, data: &mut [u8]) {
+        if self.structured {
+            let len = (data.len() - 20) as u32;
+            data[..20].copy_from_slice(&structured_reply_header(
+                REPLY_FLAG_DONE,
+                REPLY_TYPE_OFFSET_DATA,
+                cookie,
+                len,
+            ));
+            data[20..28].copy_from_slice(&offset.to_be_bytes());
+        } else {
+            data[..16].copy_from_slice(&simple_reply_header(0, cookie));
+        }
+        self.send(data);
+    }
+
+    /// Answers a block-status command with one `BLOCK_STATUS` chunk of
+    /// `base:allocation` descriptors (neighbours with the same flags
+    /// merged; only the first with `one`).
+    fn reply_block_status(&mut self, cookie: u64, extents: &[StatusExtent], one: bool) {
+        let mut descs: Vec<(u32, u32)> = Vec::new();
+        for e in extents {
+            let mut flags = 0;
+            if e.hole {
+                flags |= STATE_HOLE;
+            }
+            if e.zero {
+                flags |= STATE_ZERO;
+            }
+            // Each extent lies within the command's 32-bit length.
+            let len = e.len as u32;
+            match descs.last_mut() {
+                Some((l, f)) if *f == flags => *l += len,
+                _ => descs.push((len, flags)),
+            }
+        }
+        if one {
+            descs.truncate(1);
+        }
+        let payload = 4 + 8 * descs.len() as u32;
+        let mut m =
+            structured_reply_header(REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, cookie, payload)
+                .to_vec();
+        m.extend_from_slice(&META_BASE_ALLOCATION_ID.to_be_bytes());
+        for (len, flags) in descs {
+            m.extend_from_slice(&len.to_be_bytes());
+            m.extend_from_slice(&flags.to_be_bytes());
+        }
+        self.send(&m);
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
         if self.replies_off {
             return;
         }
-        let header = simple_reply_header(errno, cookie);
-        let r = match data {
-            Some(d) => {
-                d[..16].copy_from_slice(&header);
-                self.out.write_all(d)
-            }
-            None => self.out.write_all(&header),
-        };
-        if let Err(e) = r {
+        if let Err(e) = self.out.write_all(bytes) {
             tracing::debug!("nbd: sending a reply failed: {e}");
             self.replies_off = true;
             self.reply_error = Some(e);

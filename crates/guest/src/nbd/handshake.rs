@@ -4,8 +4,10 @@
 //!
 //! Served options: `EXPORT_NAME`, `GO`, `INFO` (with `NBD_INFO_EXPORT`,
 //! `NBD_INFO_BLOCK_SIZE` always and `NBD_INFO_NAME` on request), `LIST`,
-//! `ABORT`. `STRUCTURED_REPLY` and every other option are answered
-//! `NBD_REP_ERR_UNSUP`, so transmission uses simple replies only.
+//! `ABORT`, `STRUCTURED_REPLY`, and, once structured replies are on,
+//! `LIST_META_CONTEXT` and `SET_META_CONTEXT` with the one context
+//! `base:allocation` (when the device can say what is allocated). Every
+//! other option is answered `NBD_REP_ERR_UNSUP`.
 //!
 //! A server that is busy with another client runs the same negotiation in
 //! refusing mode: every option that would reveal or select the export gets
@@ -27,6 +29,18 @@ pub struct Export {
     pub flags: u16,
     /// Minimum block size (alignment of offsets and lengths).
     pub min_block: u32,
+    /// The device answers block status: `base:allocation` is offered.
+    pub block_status: bool,
+}
+
+/// What the client turned on during negotiation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Features {
+    /// `NBD_OPT_STRUCTURED_REPLY` was accepted.
+    pub structured: bool,
+    /// `base:allocation` is the selected metadata context
+    /// ([`META_BASE_ALLOCATION_ID`]).
+    pub base_allocation: bool,
 }
 
 impl Export {
@@ -38,8 +52,8 @@ impl Export {
 /// How negotiation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Transmission phase.
-    Transmission,
+    /// Transmission phase, with what was negotiated.
+    Transmission(Features),
     /// The client aborted, or was refused; close the connection.
     Closed,
 }
@@ -75,6 +89,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, mode: Mode<'_>) -> Result<Outcome, 
         return Err(protocol(format!("unknown client flags {client_flags:#x}")));
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let mut features = Features::default();
     for _ in 0..MAX_OPTIONS {
         let mut h = [0u8; 16];
         if !read_message(s, &mut h)? {
@@ -91,7 +106,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, mode: Mode<'_>) -> Result<Outcome, 
         if !data.is_empty() && !read_message(s, &mut data)? {
             return Err(protocol("the client left inside an option"));
         }
-        match handle_option(s, mode, opt, &data, no_zeroes)? {
+        match handle_option(s, mode, opt, &data, no_zeroes, &mut features)? {
             Some(outcome) => return Ok(outcome),
             None => continue,
         }
@@ -106,6 +121,7 @@ fn handle_option<S: Write>(
     opt: u32,
     data: &[u8],
     no_zeroes: bool,
+    features: &mut Features,
 ) -> Result<Option<Outcome>, NbdError> {
     let err = |s: &mut S, rep: u32, msg: &str| -> Result<Option<Outcome>, NbdError> {
         option_reply(s, opt, rep, msg.as_bytes())?;
@@ -133,7 +149,7 @@ fn handle_option<S: Write>(
                 m.extend_from_slice(&[0u8; 124]);
             }
             s.write_all(&m)?;
-            Ok(Some(Outcome::Transmission))
+            Ok(Some(Outcome::Transmission(*features)))
         }
         (OPT_LIST, _) if !data.is_empty() => err(s, REP_ERR_INVALID, "NBD_OPT_LIST takes no data"),
         (OPT_LIST, Mode::Refuse(why)) => err(s, REP_ERR_POLICY, why),
@@ -173,16 +189,81 @@ fn handle_option<S: Write>(
                 option_reply(s, opt, REP_INFO, &n)?;
             }
             option_reply(s, opt, REP_ACK, &[])?;
-            Ok((opt == OPT_GO).then_some(Outcome::Transmission))
+            Ok((opt == OPT_GO).then_some(Outcome::Transmission(*features)))
         }
-        (OPT_STRUCTURED_REPLY, _) => err(
+        (OPT_STRUCTURED_REPLY, _) if !data.is_empty() => {
+            err(s, REP_ERR_INVALID, "NBD_OPT_STRUCTURED_REPLY takes no data")
+        }
+        (OPT_STRUCTURED_REPLY, _) => {
+            features.structured = true;
+            option_reply(s, opt, REP_ACK, &[])?;
+            Ok(None)
+        }
+        (OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT, _) if !features.structured => err(
             s,
-            REP_ERR_UNSUP,
-            "structured replies are not supported: simple replies only",
+            REP_ERR_INVALID,
+            "metadata contexts need structured replies first",
         ),
+        (OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT, Mode::Refuse(why)) => {
+            err(s, REP_ERR_POLICY, why)
+        }
+        (OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT, Mode::Serve(e)) => {
+            let Some((name, queries)) = parse_meta_request(data) else {
+                return err(s, REP_ERR_INVALID, "malformed metadata context request");
+            };
+            if !e.matches(name) {
+                return err(s, REP_ERR_UNKNOWN, "no such export");
+            }
+            let set = opt == OPT_SET_META_CONTEXT;
+            // LIST with no query lists everything; "base:" lists the
+            // namespace. SET selects exactly what its queries name.
+            let wanted = e.block_status
+                && if set {
+                    queries.contains(&META_BASE_ALLOCATION.as_bytes())
+                } else {
+                    queries.is_empty()
+                        || queries
+                            .iter()
+                            .any(|q| *q == b"base:" || *q == META_BASE_ALLOCATION.as_bytes())
+                };
+            if set {
+                features.base_allocation = wanted;
+            }
+            if wanted {
+                let id = if set { META_BASE_ALLOCATION_ID } else { 0 };
+                let mut d = id.to_be_bytes().to_vec();
+                d.extend_from_slice(META_BASE_ALLOCATION.as_bytes());
+                option_reply(s, opt, REP_META_CONTEXT, &d)?;
+            }
+            option_reply(s, opt, REP_ACK, &[])?;
+            Ok(None)
+        }
         (OPT_STARTTLS, _) => err(s, REP_ERR_UNSUP, "TLS is not supported"),
         _ => err(s, REP_ERR_UNSUP, "unsupported option"),
     }
+}
+
+/// Parses `NBD_OPT_LIST_META_CONTEXT`/`NBD_OPT_SET_META_CONTEXT` data:
+/// export name length, name, number of queries, each query's length and
+/// bytes; `None` if the lengths disagree.
+fn parse_meta_request(data: &[u8]) -> Option<(&[u8], Vec<&[u8]>)> {
+    let take = |at: usize, n: usize| data.get(at..at.checked_add(n)?);
+    let name_len = be32(take(0, 4)?, 0) as usize;
+    let name = take(4, name_len)?;
+    let mut at = 4 + name_len;
+    let count = be32(take(at, 4)?, 0) as usize;
+    at += 4;
+    // Every query takes at least its 4-byte length.
+    if count > (data.len() - at) / 4 {
+        return None;
+    }
+    let mut queries = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = be32(take(at, 4)?, 0) as usize;
+        queries.push(take(at + 4, len)?);
+        at += 4 + len;
+    }
+    (at == data.len()).then_some((name, queries))
 }
 
 /// Parses `NBD_OPT_INFO`/`NBD_OPT_GO` data: name length, name, count of
@@ -246,6 +327,7 @@ mod tests {
             size: 1 << 20,
             flags: FLAG_HAS_FLAGS | FLAG_SEND_FLUSH,
             min_block: 512,
+            block_status: true,
         }
     }
 
@@ -284,11 +366,17 @@ mod tests {
         go.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
         c.extend(option(OPT_GO, &go));
         let (r, out) = run(c, Mode::Serve(&export()));
-        assert_eq!(r.unwrap(), Outcome::Transmission);
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Features {
+                structured: true,
+                base_allocation: false
+            })
+        );
         assert_eq!(be64(&out, 0), NBDMAGIC);
         assert_eq!(be16(&out, 16), FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES);
         let r = replies(&out);
-        assert_eq!(r[0].1, REP_ERR_UNSUP);
+        assert_eq!(r[0].1, REP_ACK);
         assert_eq!(
             (r[1].0, r[1].1, be16(&r[1].2, 0)),
             (OPT_GO, REP_INFO, INFO_EXPORT)
@@ -305,13 +393,100 @@ mod tests {
         assert_eq!(r.last().unwrap().1, REP_ACK);
     }
 
+    fn meta(name: &[u8], queries: &[&[u8]]) -> Vec<u8> {
+        let mut d = (name.len() as u32).to_be_bytes().to_vec();
+        d.extend_from_slice(name);
+        d.extend_from_slice(&(queries.len() as u32).to_be_bytes());
+        for q in queries {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q);
+        }
+        d
+    }
+
+    #[test]
+    fn base_allocation_is_listed_and_selected_after_structured_replies() {
+        let mut c = 1u32.to_be_bytes().to_vec();
+        // Too early: structured replies are not on yet.
+        c.extend(option(
+            OPT_SET_META_CONTEXT,
+            &meta(b"disk", &[b"base:allocation"]),
+        ));
+        c.extend(option(OPT_STRUCTURED_REPLY, &[]));
+        c.extend(option(OPT_LIST_META_CONTEXT, &meta(b"disk", &[])));
+        c.extend(option(OPT_LIST_META_CONTEXT, &meta(b"", &[b"qemu:dirty"])));
+        c.extend(option(
+            OPT_SET_META_CONTEXT,
+            &meta(b"other", &[b"base:allocation"]),
+        ));
+        let mut bad = meta(b"disk", &[b"base:allocation"]);
+        bad.push(0);
+        c.extend(option(OPT_SET_META_CONTEXT, &bad));
+        let mut huge = meta(b"disk", &[]);
+        huge[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+        c.extend(option(OPT_SET_META_CONTEXT, &huge));
+        c.extend(option(
+            OPT_SET_META_CONTEXT,
+            &meta(b"disk", &[b"qemu:x", b"base:allocation"]),
+        ));
+        c.extend(option(OPT_EXPORT_NAME, b""));
+        let (r, out) = run(c, Mode::Serve(&export()));
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Features {
+                structured: true,
+                base_allocation: true
+            })
+        );
+        let r = replies(&out);
+        let kinds: Vec<u32> = r.iter().map(|x| x.1).collect();
+        assert_eq!(
+            kinds,
+            [
+                REP_ERR_INVALID,
+                REP_ACK,
+                REP_META_CONTEXT,
+                REP_ACK,
+                REP_ACK,
+                REP_ERR_UNKNOWN,
+                REP_ERR_INVALID,
+                REP_ERR_INVALID,
+                REP_META_CONTEXT,
+                REP_ACK
+            ]
+        );
+        assert_eq!(be32(&r[2].2, 0), 0, "LIST gives id 0");
+        assert_eq!(&r[2].2[4..], b"base:allocation");
+        assert_eq!(be32(&r[8].2, 0), META_BASE_ALLOCATION_ID);
+        // A device that cannot say selects nothing.
+        let mut c = 1u32.to_be_bytes().to_vec();
+        c.extend(option(OPT_STRUCTURED_REPLY, &[]));
+        c.extend(option(
+            OPT_SET_META_CONTEXT,
+            &meta(b"disk", &[b"base:allocation"]),
+        ));
+        c.extend(option(OPT_EXPORT_NAME, b""));
+        let e = Export {
+            block_status: false,
+            ..export()
+        };
+        let (r, _) = run(c, Mode::Serve(&e));
+        assert_eq!(
+            r.unwrap(),
+            Outcome::Transmission(Features {
+                structured: true,
+                base_allocation: false
+            })
+        );
+    }
+
     #[test]
     fn export_name_sends_size_flags_and_zeroes_unless_asked_not_to() {
         for (flags, tail) in [(1u32, 124usize), (3, 0)] {
             let mut c = flags.to_be_bytes().to_vec();
             c.extend(option(OPT_EXPORT_NAME, b""));
             let (r, out) = run(c, Mode::Serve(&export()));
-            assert_eq!(r.unwrap(), Outcome::Transmission);
+            assert_eq!(r.unwrap(), Outcome::Transmission(Features::default()));
             assert_eq!(out.len(), 18 + 10 + tail);
             assert_eq!(be64(&out, 18), 1 << 20);
         }

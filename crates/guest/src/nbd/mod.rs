@@ -1,16 +1,18 @@
 //! An NBD export of a [`BlockDevice`](pvio_blk::device::BlockDevice) over a
 //! Unix socket, so that standard clients (tested: qemu-img, qemu-io,
-//! nbdinfo, nbdcopy, with `nbd+unix:///NAME?socket=PATH` URIs) can use a
-//! pvio virtual disk.
+//! nbdinfo, nbdcopy, fio's `nbd` engine, with `nbd+unix:///NAME?socket=PATH`
+//! URIs) can use a pvio virtual disk.
 //!
 //! It speaks the protocol of the NetworkBlockDevice project's
 //! `doc/proto.md`: fixed newstyle negotiation ([`handshake`]) with
-//! `EXPORT_NAME`, `GO`, `INFO`, `LIST` and `ABORT`; simple replies only
-//! (`STRUCTURED_REPLY` is refused); the commands `READ`, `WRITE` (with
-//! `FUA`), `FLUSH`, `TRIM`, `WRITE_ZEROES` and `DISC`, validated in one
-//! place ([`request`]) and run with many device requests in flight
-//! (`exec.rs`). One client is served at a time; others are refused with a
-//! message ([`NbdServer`]).
+//! `EXPORT_NAME`, `GO`, `INFO`, `LIST`, `ABORT`, `STRUCTURED_REPLY` and the
+//! `base:allocation` metadata context (`LIST_META_CONTEXT`,
+//! `SET_META_CONTEXT`) when the device answers block status; the commands
+//! `READ`, `WRITE` (with `FUA`), `FLUSH`, `TRIM`, `WRITE_ZEROES` (with and
+//! without `NO_HOLE`), `BLOCK_STATUS` (with `REQ_ONE`) and `DISC`,
+//! validated in one place ([`request`]) and run with many device requests
+//! in flight (`exec.rs`). One client is served at a time; others are
+//! refused with a message ([`NbdServer`]).
 //!
 //! A client is untrusted: garbage, oversize lengths and vanishing clients
 //! end in an error reply or a closed connection, never a panic or a hang.

@@ -56,6 +56,13 @@ pub enum Command {
         len: u32,
         fua: bool,
     },
+    /// `base:allocation` of the range; `one`: only the first extent
+    /// (`NBD_CMD_FLAG_REQ_ONE`).
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        one: bool,
+    },
 }
 
 impl Command {
@@ -78,6 +85,8 @@ pub struct Limits {
     pub read_only: bool,
     pub flush: bool,
     pub trim: bool,
+    /// `base:allocation` was selected: `NBD_CMD_BLOCK_STATUS` is valid.
+    pub block_status: bool,
 }
 
 /// A refused request: the NBD error and why.
@@ -103,6 +112,9 @@ pub fn validate(
     let mut allowed = if limits.flush { CMD_FLAG_FUA } else { 0 };
     if raw.kind == CMD_WRITE_ZEROES {
         allowed |= CMD_FLAG_NO_HOLE;
+    }
+    if raw.kind == CMD_BLOCK_STATUS {
+        allowed |= CMD_FLAG_REQ_ONE;
     }
     if raw.flags & !allowed != 0 {
         return refuse(
@@ -184,6 +196,17 @@ pub fn validate(
             ranged()?;
             Ok(Command::WriteZeroes { offset, len, fua })
         }
+        CMD_BLOCK_STATUS => {
+            if !limits.block_status {
+                return refuse(EINVAL, "no metadata context was selected");
+            }
+            ranged()?;
+            Ok(Command::BlockStatus {
+                offset,
+                len,
+                one: raw.flags & CMD_FLAG_REQ_ONE != 0,
+            })
+        }
         other => refuse(EINVAL, format!("unknown command {other}")),
     }
 }
@@ -198,6 +221,7 @@ mod tests {
         read_only: false,
         flush: true,
         trim: true,
+        block_status: true,
     };
 
     fn raw(kind: u16, flags: u16, offset: u64, len: u32) -> RawRequest {
@@ -270,6 +294,14 @@ mod tests {
                 fua: false
             }
         );
+        assert_eq!(
+            ok(raw(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 4096, 8192), None),
+            Command::BlockStatus {
+                offset: 4096,
+                len: 8192,
+                one: true
+            }
+        );
         // The last sector is inside.
         assert!(validate(&raw(CMD_READ, 0, (1 << 20) - 512, 512), None, &LIMITS).is_ok());
     }
@@ -315,8 +347,19 @@ mod tests {
         let plain = Limits {
             flush: false,
             trim: false,
+            block_status: false,
             ..LIMITS
         };
+        assert_eq!(errno(raw(CMD_BLOCK_STATUS, 0, 0, 512), &plain), EINVAL);
+        assert_eq!(
+            errno(raw(CMD_BLOCK_STATUS, 0, 1 << 20, 512), &LIMITS),
+            EINVAL
+        );
+        assert_eq!(errno(raw(CMD_BLOCK_STATUS, 0, 0, 0), &LIMITS), EINVAL);
+        assert_eq!(
+            errno(raw(CMD_BLOCK_STATUS, CMD_FLAG_NO_HOLE, 0, 512), &LIMITS),
+            EINVAL
+        );
         assert_eq!(errno(raw(CMD_FLUSH, 0, 0, 0), &plain), EINVAL);
         assert_eq!(errno(raw(CMD_TRIM, 0, 0, 512), &plain), EINVAL);
         assert_eq!(errno(raw(CMD_WRITE, CMD_FLAG_FUA, 0, 512), &plain), EINVAL);

@@ -95,6 +95,7 @@ impl<D: BlockDevice + 'static> NbdServer<D> {
             size: info.size_bytes(),
             flags,
             min_block: info.sector_size.max(1),
+            block_status: info.block_status,
         };
         let session_cfg = SessionConfig {
             export: export.clone(),
@@ -104,6 +105,7 @@ impl<D: BlockDevice + 'static> NbdServer<D> {
                 read_only: ro,
                 flush: info.flush,
                 trim: !ro && info.discard,
+                block_status: false,
             },
             handshake_timeout: cfg.handshake_timeout,
             write_timeout: cfg.write_timeout,

@@ -59,19 +59,23 @@ fn serve<D: BlockDevice + ?Sized>(
 ) -> Result<(), NbdError> {
     stream.set_read_timeout(Some(cfg.handshake_timeout))?;
     stream.set_write_timeout(Some(cfg.write_timeout))?;
-    if negotiate(&mut stream, Mode::Serve(&cfg.export))? == Outcome::Closed {
-        return Ok(());
-    }
+    let features = match negotiate(&mut stream, Mode::Serve(&cfg.export))? {
+        Outcome::Closed => return Ok(()),
+        Outcome::Transmission(f) => f,
+    };
+    let limits = Limits {
+        block_status: features.base_allocation,
+        ..cfg.limits
+    };
     stream.set_read_timeout(None)?;
     let reader_stream = stream.try_clone()?;
     let (tx, rx) = sync_channel(QUEUE_DEPTH);
     std::thread::scope(|s| {
         let reader = std::thread::Builder::new()
             .name("pvio-nbd-reader".into())
-            .spawn_scoped(s, move || {
-                read_requests(reader_stream, tx, &cfg.limits, stats)
-            })?;
-        let result = Executor::new(dev, &mut stream, stats, tag_base).serve(&rx);
+            .spawn_scoped(s, move || read_requests(reader_stream, tx, &limits, stats))?;
+        let result =
+            Executor::new(dev, &mut stream, stats, tag_base, features.structured).serve(&rx);
         // Wake the reader wherever it is blocked: on the socket or the queue.
         let _ = stream.shutdown(Shutdown::Both);
         drop(rx);

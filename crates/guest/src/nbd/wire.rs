@@ -54,3 +54,15 @@ pub fn simple_reply_header(errno: u32, cookie: u64) -> [u8; 16] {
     h[8..].copy_from_slice(&cookie.to_be_bytes());
     h
 }
+
+/// A structured reply chunk's header: magic, flags, type, cookie, payload
+/// length.
+pub fn structured_reply_header(flags: u16, kind: u16, cookie: u64, len: u32) -> [u8; 20] {
+    let mut h = [0u8; 20];
+    h[..4].copy_from_slice(&super::defs::STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    h[4..6].copy_from_slice(&flags.to_be_bytes());
+    h[6..8].copy_from_slice(&kind.to_be_bytes());
+    h[8..16].copy_from_slice(&cookie.to_be_bytes());
+    h[16..].copy_from_slice(&len.to_be_bytes());
+    h
+}

@@ -310,12 +310,13 @@ fn ranges_overflowing_or_beyond_the_disk() {
 
 #[test]
 fn block_status_queries_take_one_whole_page_on_the_disk() {
-    let q = |sector, segs: &[BlkifRequestSegment]| {
-        direct(BLKIF_OP_PVIO_BLOCK_STATUS, sector, segs)
-    };
+    let q = |sector, segs: &[BlkifRequestSegment]| direct(BLKIF_OP_PVIO_BLOCK_STATUS, sector, segs);
     let r = parse(&q(DISK - 1, &[seg(5, 0, 7)]), &limits()).unwrap();
     assert_eq!(r.operation(), Operation::BlockStatus);
-    assert_eq!((r.sector(), r.nr_sectors(), r.segments().len()), (DISK - 1, 0, 1));
+    assert_eq!(
+        (r.sector(), r.nr_sectors(), r.segments().len()),
+        (DISK - 1, 0, 1)
+    );
     assert_eq!(r.segments()[0].gref(), 5);
     assert!(r.operation().fills_segments() && !r.changes_disk());
     assert_request_invariants(&r, &limits());

@@ -520,3 +520,143 @@ fn a_tapdisk_killed_under_a_verifying_writer_is_replaced_and_one_that_keeps_dyin
     h.ok(&["vm-shutdown", &format!("uuid={vm}"), "--force"]);
     h.assert_no_trace(&vm);
 }
+
+#[test]
+fn a_second_daemon_on_a_running_hosts_socket_is_refused_and_the_host_lives_on() {
+    let h = Host::start("cli-takeover");
+    let state = h.0.state();
+    for (daemon, sock, extra) in [
+        ("xenstored", "xenstored.sock", vec![]),
+        ("hvd", "hvd.sock", vec![]),
+        (
+            "toolstackd",
+            "toolstackd.sock",
+            vec!["--state".to_string(), state.display().to_string()],
+        ),
+    ] {
+        let path = state.join(sock);
+        assert!(path.exists(), "{}", path.display());
+        let mut cmd = Command::new(PVIO);
+        cmd.arg(daemon);
+        if daemon != "toolstackd" {
+            cmd.arg("--socket").arg(&path);
+        }
+        let out = Command::new("timeout")
+            .arg("20")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .args(&extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_ne!(
+            out.status.code(),
+            Some(124),
+            "pvio {daemon} took the socket over and ran"
+        );
+        assert!(!out.status.success(), "pvio {daemon} started: {err}");
+        assert!(
+            err.contains("already") || err.contains("another"),
+            "pvio {daemon} does not say why: {err}"
+        );
+        assert!(path.exists(), "pvio {daemon} removed {}", path.display());
+    }
+    // Every daemon still answers.
+    let xs = Command::new("xenstore-exists")
+        .arg("/")
+        .env("XENSTORED_PATH", state.join("xenstored.sock"))
+        .status()
+        .expect("xenstore-exists (xenstore-utils)");
+    assert!(xs.success(), "xenstored no longer answers");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let vdi = h.create(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=d",
+        "virtual-size=4MiB",
+    ]);
+    let vm = h.create(&["vm-create", "name-label=after"]);
+    h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=0",
+    ]);
+    h.ok(&["vm-start", &format!("uuid={vm}")]);
+    assert_eq!(h.param(&vm, "power-state"), "running");
+    h.ok(&["vm-shutdown", &format!("uuid={vm}")]);
+    h.assert_no_trace(&vm);
+}
+
+#[test]
+fn a_non_sharable_vdi_is_attached_once_even_to_the_same_vm() {
+    let h = Host::start("cli-vdi-once");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let vdi = h.create(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=d",
+        "virtual-size=4MiB",
+    ]);
+    let vm = h.create(&["vm-create", "name-label=twice"]);
+    let first = h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=0",
+    ]);
+    // Two VBDs of one VDI in a halted VM: the start is refused.
+    let second = h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=1",
+    ]);
+    let e = h.fails(&["vm-start", &format!("uuid={vm}")]);
+    assert!(e.contains("VDI_IN_USE") || e.contains("in use"), "{e}");
+    assert_eq!(h.vm_processes(), Vec::<String>::new());
+    assert_eq!(h.param(&vm, "power-state"), "halted");
+    h.ok(&["vbd-destroy", &format!("uuid={second}")]);
+    // Running with the VDI attached: a second VBD of it is refused at
+    // create, and one made while halted is refused at plug.
+    h.ok(&["vm-start", &format!("uuid={vm}")]);
+    let e = h.fails(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=2",
+    ]);
+    assert!(e.contains("VDI_IN_USE") || e.contains("in use"), "{e}");
+    let vbds = h.ok(&["vbd-list", &format!("vm-uuid={vm}"), "--minimal"]);
+    assert_eq!(vbds.trim(), first, "the refused VBD was created");
+    h.ok(&["vbd-unplug", &format!("uuid={first}")]);
+    let spare = h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=3",
+    ]);
+    h.ok(&["vbd-plug", &format!("uuid={spare}")]);
+    let e = h.fails(&["vbd-plug", &format!("uuid={first}")]);
+    assert!(e.contains("VDI_IN_USE") || e.contains("in use"), "{e}");
+    assert_eq!(h.tapdisks().len(), 1, "two tapdisks on one image");
+    h.ok(&["vm-shutdown", &format!("uuid={vm}")]);
+    h.assert_no_trace(&vm);
+}
+
+#[test]
+fn host_param_list_counts_the_hosts_cpus() {
+    let h = Host::start("cli-host-cpus");
+    let host = h.ok(&["host-list", "--minimal"]);
+    let cpus = h
+        .ok(&[
+            "host-param-get",
+            &format!("uuid={}", host.trim()),
+            "param-name=cpu_info",
+            "param-key=cpu_count",
+        ])
+        .trim()
+        .to_string();
+    let online = pvio_xenops::affinity::online_cpus();
+    assert_eq!(cpus, online.to_string(), "host-param-list says {cpus} CPUs");
+}

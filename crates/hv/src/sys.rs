@@ -114,6 +114,13 @@ pub fn seqpacket_listen(path: &Path, nonblocking: bool) -> std::io::Result<Owned
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
         if meta.file_type().is_socket() {
+            // A socket a live daemon serves is never taken over.
+            if seqpacket_connect(path).is_ok() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::AddrInUse,
+                    format!("a running daemon already serves {}", path.display()),
+                ));
+            }
             std::fs::remove_file(path)?;
         }
     }

@@ -229,20 +229,27 @@ fn check_memory(m: u64) -> Result<u64, ApiError> {
     }
 }
 
-/// Whether attaching `vbd` (of a VM being started or plugged) would clash
-/// with another running VM's use of the same non-sharable VDI.
+/// Whether attaching `vbd` would open its non-sharable VDI a second time
+/// with one of the two writable: another attached VBD of the VDI in a
+/// running VM (this VM's included), or, for a VM being started (`start`),
+/// another VBD of the same VM, since a start attaches them all.
 fn check_vdi_free(conn: &rusqlite::Connection, vbd: &VbdRecord, op: &str) -> Result<(), ApiError> {
     let vdi = db::vdi(conn, &vbd.vdi)?;
     if vdi.sharable {
         return Ok(());
     }
     let writable = vbd.mode == VbdMode::RW && !vdi.read_only;
+    let starting = op == "start";
     for (other, state) in db::vbds_of_vdi(conn, &vbd.vdi)? {
-        if other.uuid == vbd.uuid || other.vm == vbd.vm || state != PowerState::Running {
+        if other.uuid == vbd.uuid {
             continue;
         }
         let other_writable = other.mode == VbdMode::RW && !vdi.read_only;
-        if other.currently_attached && (writable || other_writable) {
+        if !(writable || other_writable) {
+            continue;
+        }
+        let attached = other.currently_attached && state == PowerState::Running;
+        if attached || (starting && other.vm == vbd.vm) {
             return Err(ApiError::vdi_in_use(&vbd.vdi, op));
         }
     }
@@ -967,7 +974,13 @@ impl Toolstack {
                     bootable,
                     unpluggable,
                 },
-            )
+            )?;
+            // A running VM's new VBD of a VDI that is attached already (to
+            // this VM or another) could only be plugged to open it twice.
+            if db::power_state(tx, &vm)? == PowerState::Running {
+                check_vdi_free(tx, &db::vbd(tx, &u)?, "create")?;
+            }
+            Ok(())
         })
         .await?;
         Ok(Value::String(uuid))

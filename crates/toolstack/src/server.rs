@@ -74,7 +74,9 @@ pub fn host_facts() -> HostFacts {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into());
-    let cpu_count = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    // The host's CPUs, not this daemon's affinity (the control slice pins
+    // it to a few).
+    let cpu_count = pvio_xenops::affinity::online_cpus() as u32;
     let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| {

@@ -220,10 +220,17 @@ impl<H: DomainHook> Daemon<H> {
         })
     }
 
-    /// Listens on a Unix socket (replacing a stale socket file) for dom0 clients.
+    /// Listens on a Unix socket for dom0 clients, replacing a stale socket
+    /// file but never one a live daemon serves.
     pub fn listen(&mut self, path: &Path) -> io::Result<()> {
         if let Ok(md) = std::fs::symlink_metadata(path) {
             if md.file_type().is_socket() {
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("a running xenstored already serves {}", path.display()),
+                    ));
+                }
                 std::fs::remove_file(path)?;
             } else {
                 return Err(io::Error::new(

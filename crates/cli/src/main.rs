@@ -77,8 +77,52 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pvio: error: {e:#}");
+            eprintln!("pvio: error: {}", error_text(&e));
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// An error and its causes on one line, each cause once: a cause whose
+/// text its wrapper already shows (`image: {0}` around the image error) is
+/// not repeated.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("image {0:?} does not exist")]
+    struct Missing(&'static str);
+
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        #[error("image: {0}")]
+        Image(#[from] Missing),
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let e = anyhow::Error::from(Outer::from(Missing("/x.raw")));
+        assert_eq!(error_text(&e), "image: image \"/x.raw\" does not exist");
+        let e = anyhow::Error::from(Missing("/y")).context("starting tapdisk");
+        assert_eq!(
+            error_text(&e),
+            "starting tapdisk: image \"/y\" does not exist"
+        );
     }
 }

@@ -660,3 +660,120 @@ fn host_param_list_counts_the_hosts_cpus() {
     let online = pvio_xenops::affinity::online_cpus();
     assert_eq!(cpus, online.to_string(), "host-param-list says {cpus} CPUs");
 }
+
+#[test]
+fn bad_input_is_refused_up_front_in_the_clis_words() {
+    let h = Host::start("cli-bad-input");
+    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let before = h.objects();
+    let refused = |args: &[&str], words: &[&str]| {
+        let e = h.fails(args);
+        assert!(!e.contains("internal error"), "{args:?}: {e}");
+        for w in words {
+            assert!(e.contains(w), "{args:?} does not say {w:?}: {e}");
+        }
+    };
+    // What a later vm-start needs is checked at vm-create, with the limit.
+    refused(
+        &["vm-create", "name-label=big", "memory=1TiB"],
+        &["field: memory", "this host's"],
+    );
+    refused(
+        &["vm-create", "name-label=tiny", "memory-static-max=12"],
+        &["field: memory-static-max", "1 MiB"],
+    );
+    refused(
+        &["vm-create", "name-label=wide", "VCPUs-max=999"],
+        &["field: VCPUs-max", "1 to 64"],
+    );
+    refused(
+        &["vm-create", "name-label=job", "workload=job:garbage"],
+        &["field: workload", "job spec"],
+    );
+    // Sizes: every unit up to PiB parses; beyond what a file can be, the
+    // range is stated; what the SR's filesystem cannot hold says so.
+    refused(
+        &[
+            "vdi-create",
+            &format!("sr-uuid={sr}"),
+            "name-label=huge",
+            "virtual-size=9EiB",
+        ],
+        &["field: virtual-size", "a VDI is 1 byte to"],
+    );
+    let o = h.run(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=peta",
+        "virtual-size=1PiB",
+    ]);
+    let e = String::from_utf8_lossy(&o.stderr);
+    if o.status.success() {
+        let vdi = String::from_utf8_lossy(&o.stdout).trim().to_string();
+        h.ok(&["vdi-destroy", &format!("uuid={vdi}")]);
+    } else {
+        assert!(
+            e.contains("field: virtual-size") && e.contains("at most"),
+            "1 PiB on this SR: {e}"
+        );
+    }
+    // An SR's location must be a directory that exists and takes files.
+    let file = h.0.dir.0.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let missing = h.0.dir.0.join("no/such/dir");
+    for (loc, why) in [
+        (file.display().to_string(), "not a directory"),
+        (missing.display().to_string(), "no such directory"),
+        ("/proc".to_string(), "cannot be made there"),
+    ] {
+        refused(
+            &[
+                "sr-create",
+                "name-label=bad",
+                "type=file",
+                &format!("device-config:location={loc}"),
+            ],
+            &["device-config:location", why],
+        );
+    }
+    assert!(!missing.exists(), "sr-create made {}", missing.display());
+    // Two VMs of one name: plain English.
+    h.create(&["vm-create", "name-label=twin"]);
+    h.create(&["vm-create", "name-label=twin"]);
+    let e = h.fails(&["vm-start", "vm=twin"]);
+    assert!(e.contains("2 VMs match") && e.contains("--multiple"), "{e}");
+    // A backend that dies says why once.
+    let vdi = h.create(&[
+        "vdi-create",
+        &format!("sr-uuid={sr}"),
+        "name-label=gone",
+        "virtual-size=4MiB",
+    ]);
+    let vm = h.create(&["vm-create", "name-label=lost-disk"]);
+    h.create(&[
+        "vbd-create",
+        &format!("vm-uuid={vm}"),
+        &format!("vdi-uuid={vdi}"),
+        "device=0",
+    ]);
+    let loc = h.ok(&[
+        "vdi-param-get",
+        &format!("uuid={vdi}"),
+        "param-name=location",
+    ]);
+    std::fs::remove_file(loc.trim()).unwrap();
+    let e = h.fails(&["vm-start", &format!("uuid={vm}")]);
+    assert_eq!(
+        e.matches(loc.trim()).count(),
+        1,
+        "the path is repeated: {e}"
+    );
+    assert!(e.contains("does not exist"), "{e}");
+    // None of the refusals left anything behind.
+    let after = h.objects();
+    for line in before.lines().filter(|l| l.contains("uuid")) {
+        assert!(after.contains(line), "{line} went missing");
+    }
+    assert!(!after.contains("name-label ( RW): big"), "{after}");
+    assert!(!after.contains("name-label ( RW): bad"), "{after}");
+}

@@ -449,6 +449,8 @@ fn vdi_files_follow_create_and_destroy() {
     let dir = TempDir::new("files");
     let d = Daemon::start(&dir.0);
     let own = dir.0.join("elsewhere");
+    // A location given in device-config is a directory that exists.
+    std::fs::create_dir(&own).unwrap();
     let sr = d.create(&[
         "sr-create",
         "name-label=mine",
@@ -563,14 +565,14 @@ fn refused_command_lines_change_nothing() {
         c(&["vdi-create", &sr, "virtual-size=1GiB"], &["Required parameter not found: name-label", "For usage run: 'pvio vdi-create --help'"]),
         c(&["vdi-create", &sr, "name-label=x", "virtual-size=1GiB", "colour=red"], &["Unknown parameter: colour"]),
         c(&["vdi-create", &sr, "name-label=x", "virtual-size=lots"], &["Failed to parse field 'virtual-size'", "got 'lots'"]),
-        c(&["vdi-create", &sr, "name-label=x", "virtual-size=0"], &["The value given is invalid", "field: virtual_size"]),
+        c(&["vdi-create", &sr, "name-label=x", "virtual-size=0"], &["not supported", "field: virtual-size", "a VDI is 1 byte to"]),
         c(&["vdi-create", &bogus_sr, "name-label=x", "virtual-size=1MiB"], &["The uuid you supplied was invalid.", "type: SR", &format!("uuid: {bogus}")]),
         c(&["vdi-create", "sr-uuid=not-a-uuid", "name-label=x", "virtual-size=1MiB"], &["The uuid you supplied was invalid.", "uuid: not-a-uuid"]),
         c(&["sr-create", "name-label=x", "type=nfs"], &["driver was not recognised", "driver: nfs"]),
         c(&["sr-create", "name-label=x", "type=file", "device-config:location=relative"], &["field: device-config:location"]),
         c(&["sr-create", "name-label=x", "type=file", "device-config:speed=fast"], &["device-config:speed"]),
         c(&["sr-create", "type=file"], &["Required parameter not found: name-label"]),
-        c(&["vm-create", "name-label=x", "VCPUs-max=0"], &["field: VCPUs_max", "value: 0"]),
+        c(&["vm-create", "name-label=x", "VCPUs-max=0"], &["field: VCPUs-max", "value: 0", "1 to 64"]),
         c(&["vm-create", "name-label=x", "workload=dance"], &["field: workload", "value: dance"]),
         c(&["vm-create", "name-label=x", "memory=12parsecs"], &["Failed to parse field 'memory'"]),
         c(&["vm-create", "name-label=x", "cores=2"], &["Unknown parameter: cores"]),
@@ -587,7 +589,7 @@ fn refused_command_lines_change_nothing() {
         c(&["vm-list", "params=uuid,colour"], &["'colour' is not a field of the VM class"]),
         c(&["vm-param-get", &ovm, "param-name=colour"], &["Parameter 'colour' is not a field of the VM class"]),
         c(&["vm-param-get", &ovm, "param-name=guest-metrics", "param-key=nope"], &["Key nope not found in map"]),
-        c(&["vm-param-set", &ovm, "VCPUs-max=1000"], &["field: VCPUs_max"]),
+        c(&["vm-param-set", &ovm, "VCPUs-max=1000"], &["field: VCPUs-max"]),
         c(&["vm-param-set", &ovm, "name-label=renamed", "workload=dance"], &["value: dance"]),
         c(&["vm-shutdown", "vm=web"], &["expected: running", "actual: halted"]),
         c(&["vm-start", "vm=nobody"], &["Error: No matching VMs found"]),
@@ -927,7 +929,7 @@ fn a_failed_start_leaves_the_vm_halted_and_its_disks_detached() {
     let other = d.create(&["vm-create", "name-label=other"]);
     let before = d.everything();
     let e = d.fails(&["vm-start"]);
-    assert!(e.contains("--multiple required"), "{e}");
+    assert!(e.contains("add --multiple"), "{e}");
     let e = d.fails(&["vm-start", "--multiple"]);
     assert!(
         e.contains(&format!("operation failed on {}: ", o.vm)),

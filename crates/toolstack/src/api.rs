@@ -27,8 +27,9 @@ pub const DEFAULT_MEMORY: u64 = 256 << 20;
 pub const MAX_VCPUS: u32 = 64;
 /// Largest VM memory.
 pub const MAX_MEMORY: u64 = 1 << 40;
-/// Largest VDI (raw files on ext4 stop at 16 TiB).
-pub const MAX_VIRTUAL_SIZE: u64 = 16 << 40;
+/// Largest VDI the toolstack takes (what a file offset holds); the SR's
+/// filesystem may take less (ext4: 16 TiB), which `VDI.create` reports.
+pub const MAX_VIRTUAL_SIZE: u64 = i64::MAX as u64 / 512 * 512;
 /// Default network of a VIF.
 pub const DEFAULT_NETWORK: &str = "xenbr0";
 /// Default MTU of a VIF.
@@ -208,24 +209,65 @@ pub fn random_mac() -> String {
     )
 }
 
+/// A workload as `VM.create`/`VM.set` take it, checked as far as a later
+/// `VM.start` needs it (a job's spec is parsed now, not in the guest).
 fn parse_workload(s: &str) -> Result<Workload, ApiError> {
-    s.parse::<Workload>()
-        .map_err(|reason| ApiError::value_not_supported("workload", s, &reason))
+    let w = s
+        .parse::<Workload>()
+        .map_err(|reason| ApiError::value_not_supported("workload", s, &reason))?;
+    if let Workload::Job(spec) = &w {
+        pvio_guest::job::JobSpec::parse(spec).map_err(|e| {
+            ApiError::value_not_supported("workload", s, &format!("the job spec is wrong: {e}"))
+        })?;
+    }
+    Ok(w)
 }
 
 fn check_vcpus(v: u64) -> Result<u32, ApiError> {
     if (1..=u64::from(MAX_VCPUS)).contains(&v) {
         Ok(v as u32)
     } else {
-        Err(ApiError::invalid_value("VCPUs_max", &v.to_string()))
+        Err(ApiError::value_not_supported(
+            "VCPUs_max",
+            &v.to_string(),
+            &format!("a VM has 1 to {MAX_VCPUS} vCPUs"),
+        ))
     }
 }
 
+/// A VM's memory: at least 1 MiB, at most the host's memory (a VM that
+/// could never start is refused when it is made).
 fn check_memory(m: u64) -> Result<u64, ApiError> {
-    if ((1 << 20)..=MAX_MEMORY).contains(&m) {
+    let host = meminfo("MemTotal:").unwrap_or(MAX_MEMORY).min(MAX_MEMORY);
+    if ((1 << 20)..=host).contains(&m) {
         Ok(m)
     } else {
-        Err(ApiError::invalid_value("memory_static_max", &m.to_string()))
+        Err(ApiError::value_not_supported(
+            "memory_static_max",
+            &m.to_string(),
+            &format!(
+                "a VM's memory is 1 MiB to this host's {} ({host} bytes)",
+                human_bytes(host)
+            ),
+        ))
+    }
+}
+
+/// `bytes` in the largest binary unit that keeps one decimal: 23.4 GiB.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} bytes")
+    } else if v.fract() == 0.0 {
+        format!("{v:.0} {}", UNITS[u])
+    } else {
+        format!("{v:.1} {}", UNITS[u])
     }
 }
 
@@ -578,9 +620,7 @@ impl Toolstack {
         self.write(move |tx| {
             // The host row must exist (it does once the daemon runs).
             db::host_uuid(tx)?;
-            let created = sr::create_dir(&file_sr.location).map_err(|e| {
-                ApiError::internal(format!("creating {}: {e}", file_sr.location.display()))
-            })?;
+            let created = sr::prepare_location(&file_sr)?;
             let r = db::insert_sr(
                 tx,
                 &db::NewSr {
@@ -630,7 +670,11 @@ impl Toolstack {
         let read_only = p.opt_bool("read_only")?.unwrap_or(false);
         p.done()?;
         if size == 0 || size > MAX_VIRTUAL_SIZE {
-            return Err(ApiError::invalid_value("virtual_size", &size.to_string()));
+            return Err(ApiError::value_not_supported(
+                "virtual_size",
+                &size.to_string(),
+                &format!("a VDI is 1 byte to {}", human_bytes(MAX_VIRTUAL_SIZE)),
+            ));
         }
         let size = round_to_sector(size);
         let uuid = new_uuid();
@@ -651,8 +695,7 @@ impl Toolstack {
             )?;
             // The file last: if it cannot be made, the row is rolled back.
             let path = sr::vdi_path(&location, &u);
-            sr::create_image(&path, size)
-                .map_err(|e| ApiError::internal(format!("creating {}: {e}", path.display())))
+            sr::create_image(&path, size).map_err(|e| sr::image_error(&location, &path, size, e))
         })
         .await?;
         tracing::info!(vdi = %uuid, size, "VDI created");

@@ -81,12 +81,13 @@ impl RawArgs {
 
 /// A size in bytes as xe reads it: an integer, optionally followed by a
 /// unit (`b`, `bytes`, `k`/`kb`/`kib`, `m`/`mb`/`mib`, `g`/`gb`/`gib`,
-/// `t`/`tb`/`tib`; any case; all powers of 1024).
+/// `t`/`tb`/`tib`, `p`/`pb`/`pib`, `e`/`eb`/`eib`; any case; all powers of
+/// 1024).
 pub fn parse_size(field: &str, s: &str) -> Result<u64, String> {
     let err = || {
         format!(
             "Failed to parse field '{field}': expecting an integer (possibly with suffix KiB, \
-             MiB, GiB, TiB), got '{s}'"
+             MiB, GiB, TiB, PiB), got '{s}'"
         )
     };
     let t = s.trim_start();
@@ -101,6 +102,8 @@ pub fn parse_size(field: &str, s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
+        "p" | "pb" | "pib" => 50,
+        "e" | "eb" | "eib" => 60,
         _ => return Err(err()),
     };
     n.checked_mul(1 << shift).ok_or_else(err)
@@ -190,6 +193,8 @@ mod tests {
         assert_eq!(parse_size("s", "512 mb"), Ok(512 << 20));
         assert_eq!(parse_size("s", "4k"), Ok(4096));
         assert_eq!(parse_size("s", "2T"), Ok(2 << 40));
+        assert_eq!(parse_size("s", "1PiB"), Ok(1 << 50));
+        assert_eq!(parse_size("s", "7EiB"), Ok(7 << 60));
         assert_eq!(parse_size("s", "1048576"), Ok(1 << 20));
         assert_eq!(parse_size("s", "7 bytes"), Ok(7));
         for bad in [
@@ -197,10 +202,10 @@ mod tests {
             "GiB",
             "-1",
             "1.5GiB",
-            "1PiB",
             "1 GiB x",
             "99999999999999999999",
             "16777216TiB",
+            "16EiB",
         ] {
             let e = parse_size("virtual-size", bad).unwrap_err();
             assert!(e.contains("'virtual-size'") && e.contains(bad), "{e}");

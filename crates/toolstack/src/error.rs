@@ -28,6 +28,7 @@ pub enum Code {
     InvalidDevice,
     SrNotEmpty,
     SrUnknownDriver,
+    SrBackendFailure,
     InvalidValue,
     ValueNotSupported,
     FieldTypeError,
@@ -42,7 +43,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, for lookups by name.
-    pub const ALL: [Code; 21] = [
+    pub const ALL: [Code; 22] = [
         Code::UuidInvalid,
         Code::VmBadPowerState,
         Code::OtherOperationInProgress,
@@ -54,6 +55,7 @@ impl Code {
         Code::InvalidDevice,
         Code::SrNotEmpty,
         Code::SrUnknownDriver,
+        Code::SrBackendFailure,
         Code::InvalidValue,
         Code::ValueNotSupported,
         Code::FieldTypeError,
@@ -80,6 +82,7 @@ impl Code {
             Code::InvalidDevice => "INVALID_DEVICE",
             Code::SrNotEmpty => "SR_NOT_EMPTY",
             Code::SrUnknownDriver => "SR_UNKNOWN_DRIVER",
+            Code::SrBackendFailure => "SR_BACKEND_FAILURE",
             Code::InvalidValue => "INVALID_VALUE",
             Code::ValueNotSupported => "VALUE_NOT_SUPPORTED",
             Code::FieldTypeError => "FIELD_TYPE_ERROR",
@@ -109,6 +112,7 @@ impl Code {
             | Code::InvalidDevice => &["device"],
             Code::SrNotEmpty => &[],
             Code::SrUnknownDriver => &["driver"],
+            Code::SrBackendFailure => &["status", "stdout", "stderr"],
             Code::InvalidValue => &["field", "value"],
             Code::ValueNotSupported => &["field", "value", "reason"],
             Code::FieldTypeError => &["field"],
@@ -150,6 +154,7 @@ impl Code {
             Code::SrUnknownDriver => {
                 "The SR could not be connected because the driver was not recognised."
             }
+            Code::SrBackendFailure => "There was an SR backend failure.",
             Code::InvalidValue => "The value given is invalid",
             Code::ValueNotSupported => {
                 "You attempted to set a value that is not supported by this implementation. The \
@@ -309,6 +314,15 @@ impl ApiError {
 
     pub fn method_unknown(method: &str) -> Self {
         Self::new(Code::MessageMethodUnknown, vec![method.into()])
+    }
+
+    /// A storage operation failed in the OS: `status` is the errno's name
+    /// (`ENOSPC`), `detail` says what was being done and why it failed.
+    pub fn sr_backend_failure(status: &str, detail: &str) -> Self {
+        Self::new(
+            Code::SrBackendFailure,
+            vec![status.into(), String::new(), detail.into()],
+        )
     }
 
     pub fn internal(message: impl std::fmt::Display) -> Self {

@@ -26,6 +26,9 @@ pub const MAX_ATTACH_DELAY_MS: u64 = 3_600_000;
 pub struct FileSr {
     pub location: PathBuf,
     pub attach_delay_ms: u64,
+    /// The location came from device-config (it must exist already); the
+    /// default one is made.
+    pub given: bool,
 }
 
 impl FileSr {
@@ -45,6 +48,7 @@ impl FileSr {
                 ));
             }
         }
+        let given = dc.contains_key(KEY_LOCATION);
         let location = match dc.get(KEY_LOCATION) {
             None => default_parent.join(uuid),
             Some(l) => {
@@ -65,6 +69,7 @@ impl FileSr {
         Ok(FileSr {
             location,
             attach_delay_ms,
+            given,
         })
     }
 
@@ -100,6 +105,108 @@ pub fn create_dir(location: &Path) -> io::Result<bool> {
     }
     std::fs::create_dir_all(location)?;
     Ok(true)
+}
+
+/// Readies an SR's directory for `SR.create`: the default location is
+/// made; one given in device-config must be an existing directory in which
+/// files can be made (a probe file is made and removed). True if the
+/// directory was made here.
+pub fn prepare_location(sr: &FileSr) -> Result<bool, ApiError> {
+    let loc = &sr.location;
+    let shown = loc.display().to_string();
+    let refuse = |why: String| {
+        ApiError::value_not_supported(&format!("device-config:{KEY_LOCATION}"), &shown, &why)
+    };
+    if !sr.given {
+        return create_dir(loc)
+            .map_err(|e| os_failure(&e, &format!("creating the SR's directory {shown}")));
+    }
+    match std::fs::metadata(loc) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(refuse("no such directory: create it first".into()))
+        }
+        Err(e) => return Err(refuse(format!("cannot look at it: {e}"))),
+        Ok(m) if !m.is_dir() => {
+            return Err(refuse(
+                "it is a file, not a directory: an SR's location is a directory".into(),
+            ))
+        }
+        Ok(_) => {}
+    }
+    let probe = loc.join(format!(".pvio-sr-probe-{}", std::process::id()));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(false)
+        }
+        Err(e) => Err(refuse(format!("VDI images cannot be made there: {e}"))),
+    }
+}
+
+/// An OS error of a storage operation as XenAPI reports it.
+pub fn os_failure(e: &io::Error, doing: &str) -> ApiError {
+    use rustix::io::Errno;
+    let status = match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::NOSPC) => "ENOSPC".to_string(),
+        Some(Errno::DQUOT) => "EDQUOT".to_string(),
+        Some(Errno::FBIG) => "EFBIG".to_string(),
+        Some(Errno::ACCESS) => "EACCES".to_string(),
+        Some(Errno::PERM) => "EPERM".to_string(),
+        Some(Errno::ROFS) => "EROFS".to_string(),
+        Some(Errno::NOENT) => "ENOENT".to_string(),
+        Some(Errno::EXIST) => "EEXIST".to_string(),
+        Some(Errno::NOTDIR) => "ENOTDIR".to_string(),
+        Some(n) => format!("errno {}", n.raw_os_error()),
+        None => "EIO".to_string(),
+    };
+    ApiError::sr_backend_failure(&status, &format!("{doing}: {e}"))
+}
+
+/// Why a VDI's image of `size` bytes could not be made at `path` in the SR
+/// at `location`: a size the filesystem cannot hold is named with the
+/// largest it can; other OS errors as [`os_failure`].
+pub fn image_error(location: &Path, path: &Path, size: u64, e: io::Error) -> ApiError {
+    if e.raw_os_error() == Some(rustix::io::Errno::FBIG.raw_os_error()) {
+        let max = largest_file(location);
+        let reason = match max {
+            Some(m) => format!(
+                "larger than the SR's filesystem takes in one file: at most {m} bytes ({})",
+                crate::api::human_bytes(m)
+            ),
+            None => "larger than the SR's filesystem takes in one file".into(),
+        };
+        return ApiError::value_not_supported("virtual_size", &size.to_string(), &reason);
+    }
+    os_failure(&e, &format!("creating {}", path.display()))
+}
+
+/// The largest file (a multiple of 512 bytes) the filesystem holding the
+/// directory `dir` takes, found by growing a sparse probe file; `None` if
+/// no probe can be made there.
+pub fn largest_file(dir: &Path) -> Option<u64> {
+    let probe = dir.join(format!(".pvio-size-probe-{}", std::process::id()));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .ok()?;
+    // Invariant: `lo` fits, `hi` does not (in 512-byte units).
+    let (mut lo, mut hi) = (0u64, (i64::MAX as u64 / 512) + 1);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if f.set_len(mid * 512).is_ok() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    drop(f);
+    let _ = std::fs::remove_file(&probe);
+    Some(lo * 512)
 }
 
 /// Creates a VDI's image: a new sparse file of `size` bytes.

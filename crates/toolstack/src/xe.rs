@@ -27,7 +27,7 @@ use std::sync::OnceLock;
 use serde_json::{json, Map, Value};
 
 use crate::args::{parse_bool, parse_int, parse_size, RawArgs, SyntaxError};
-use crate::error::ApiError;
+use crate::error::{ApiError, Code};
 use crate::model::{
     Class, HostRecord, PowerState, SrRecord, VbdRecord, VdiRecord, VifRecord, VmRecord,
 };
@@ -190,7 +190,8 @@ pub fn commands() -> &'static [CommandSpec] {
                 &["sr-uuid", "name-label", "virtual-size"],
                 &["name-description", "sharable", "read-only"],
                 "Create a VDI: a sparse raw file of virtual-size bytes (units KiB, MiB, GiB, \
-                 TiB accepted) in the SR.",
+                 TiB, PiB accepted; at most what the SR's filesystem takes in one file) in \
+                 the SR.",
                 VdiCreate,
                 Scope::Plain,
             ),
@@ -399,6 +400,32 @@ impl XeError {
             XeError::Syntax(_) | XeError::MissingParam(_) | XeError::UnknownParam(_)
         )
     }
+
+    /// A server error about a field names it as the user typed it
+    /// (`virtual-size`, `memory`, `VCPUs-max`), not as the API calls it.
+    fn in_cli_words(self, typed: &Checked) -> Self {
+        let XeError::Api(mut e) = self else {
+            return self;
+        };
+        let about_a_field = [
+            Code::InvalidValue,
+            Code::ValueNotSupported,
+            Code::FieldTypeError,
+            Code::MissingParameter,
+        ]
+        .iter()
+        .any(|c| e.is(*c));
+        if let (true, Some(field)) = (about_a_field, e.params.first_mut()) {
+            let cli = typed.params.keys().find(|k| {
+                api_field_name(k) == *field
+                    || (k.as_str() == "memory" && field == "memory_static_max")
+            });
+            if let Some(k) = cli {
+                *field = k.clone();
+            }
+        }
+        XeError::Api(e)
+    }
 }
 
 impl From<ClientError> for XeError {
@@ -475,7 +502,7 @@ pub fn run(name: &str, args: &[String], env: &Env, out: &mut Vec<u8>, err: &mut 
             socket: env.socket(raw.socket.clone()),
             client: None,
         };
-        let text = execute(cmd, &checked, &mut session)?;
+        let text = execute(cmd, &checked, &mut session).map_err(|e| e.in_cli_words(&checked))?;
         out.extend_from_slice(text.as_bytes());
         Ok(())
     });
@@ -878,10 +905,9 @@ fn execute(cmd: &CommandSpec, a: &Checked, s: &mut Session) -> Result<String, Xe
             match chosen.len() {
                 0 => Err(XeError::Failure("No matching VMs found".into())),
                 1 => run(s, &chosen[0]).map(|_| String::new()),
-                _ if !multiple => Err(XeError::Failure(
-                    "Multiple matches VMs found. --multiple required to complete the operation"
-                        .into(),
-                )),
+                n if !multiple => Err(XeError::Failure(format!(
+                    "{n} VMs match; add --multiple to act on all of them, or choose one by uuid"
+                ))),
                 _ => {
                     let failures: Vec<(String, String)> = chosen
                         .iter()

@@ -30,10 +30,22 @@ struct Export {
 }
 
 impl Export {
+    /// An export of a raw image of `image_bytes` filled with a pattern.
     fn start(tag: &str, image_bytes: u64, tapdisk_args: &[&str]) -> Self {
+        Self::start_on(tag, tapdisk_args, |dir| {
+            make_image(dir, "disk.img", image_bytes).unwrap()
+        })
+    }
+
+    /// An export of the image `make` creates in the host's directory.
+    fn start_on(
+        tag: &str,
+        tapdisk_args: &[&str],
+        make: impl FnOnce(&std::path::Path) -> PathBuf,
+    ) -> Self {
         std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
         let host = MiniHost::start(tag).unwrap();
-        let img = make_image(&host.dir.0, "disk.img", image_bytes).unwrap();
+        let img = make(&host.dir.0);
         let d = host.create_domain("vm1", 128).unwrap();
         let vbd = host
             .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
@@ -416,43 +428,17 @@ fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, String)> {
 
 #[test]
 fn the_export_shows_the_holes_of_a_sparse_image() {
-    std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
-    let host = MiniHost::start("nbd-map").unwrap();
     // A sparse 64 MiB image with data at 1 MiB (64 KiB) and 10 MiB (1 MiB).
-    let img = host.dir.0.join("sparse.img");
-    {
+    let e = Export::start_on("nbd-map", &[], |dir| {
         use std::os::unix::fs::FileExt;
+        let img = dir.join("sparse.img");
         let f = std::fs::File::create(&img).unwrap();
         f.set_len(64 * MIB).unwrap();
         f.write_all_at(&[7u8; 64 << 10], MIB).unwrap();
         f.write_all_at(&vec![9u8; MIB as usize], 10 * MIB).unwrap();
-    }
-    let d = host.create_domain("vm1", 128).unwrap();
-    let vbd = host
-        .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
-        .unwrap();
-    let _tap = host.start_tapdisk(&vbd, &[]).unwrap();
-    host.wait_for_value(
-        &format!("{}/state", vbd.backend),
-        "2",
-        Duration::from_secs(20),
-    )
-    .unwrap();
-    let sock = host.dir.0.join("nbd.sock");
-    let mut guest = host
-        .guest_command(&d)
-        .unwrap()
-        .arg("--nbd")
-        .arg(&sock)
-        .spawn()
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
-        assert!(guest.try_wait().unwrap().is_none(), "the guest exited");
-        assert!(Instant::now() < end, "no NBD export appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let uri = format!("nbd+unix:///?socket={}", sock.display());
+        img
+    });
+    let uri = e.uri();
     let data_at = |map: &[(u64, u64, String)], at: u64| {
         map.iter()
             .find(|(o, l, _)| *o <= at && at < o + l)
@@ -487,8 +473,6 @@ fn the_export_shows_the_holes_of_a_sparse_image() {
         (MIB / 16..=4 * MIB).contains(&allocated),
         "qemu-img map says {allocated} bytes are data: {t}"
     );
-    let _ = guest.kill();
-    let _ = guest.wait();
 }
 
 /// Runs a job in the guest (blkfront directly, no NBD) and returns its report.

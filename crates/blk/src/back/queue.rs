@@ -22,21 +22,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use pvio_abi::blkif::{
-    Blkif, BlkifBlockStatus, BlkifRequest, BlkifResponse, BLKIF_BLOCK_STATUS_HOLE,
-    BLKIF_BLOCK_STATUS_PER_PAGE, BLKIF_BLOCK_STATUS_ZERO, BLKIF_RSP_EOPNOTSUPP, BLKIF_RSP_ERROR,
-    BLKIF_RSP_OKAY,
+    Blkif, BlkifRequest, BlkifResponse, BLKIF_BLOCK_STATUS_PER_PAGE, BLKIF_RSP_EOPNOTSUPP,
+    BLKIF_RSP_ERROR, BLKIF_RSP_OKAY,
 };
 use pvio_abi::DomId;
 use pvio_abi::XEN_PAGE_SIZE;
 use pvio_hv::{EventChannel, ForeignMemory, FrameMapping};
 use pvio_poll::{HostLoad, PollPolicy};
 use pvio_ring::{BackRing, RingError};
-use zerocopy::IntoBytes;
 
 use super::grants::{GrantError, GrantMapper};
 use super::metrics::QueueMetrics;
 use super::refusal_log::RefusalLog;
 use super::waiter::{WaitError, Waiter};
+use crate::device::{write_block_status, StatusExtent};
 use crate::engine::{Completion, CompletionError, Engine, FileId, IoBuf, MAX_BUFFERS};
 use crate::image::{Extent, Image, MapOp, MapOutcome};
 use crate::request::{error_response, Operation, Request, RequestError};
@@ -580,22 +579,16 @@ impl Queue {
             });
             return BLKIF_RSP_ERROR;
         }
+        let extents: Vec<StatusExtent> = found
+            .iter()
+            .map(|s| StatusExtent {
+                len: s.len,
+                hole: !s.allocated,
+                zero: s.zeroes,
+            })
+            .collect();
         let mut answer = [0u8; XEN_PAGE_SIZE];
-        for (entry, s) in answer.chunks_exact_mut(16).zip(&found) {
-            let mut flags = 0;
-            if !s.allocated {
-                flags |= BLKIF_BLOCK_STATUS_HOLE;
-            }
-            if s.zeroes {
-                flags |= BLKIF_BLOCK_STATUS_ZERO;
-            }
-            let e = BlkifBlockStatus {
-                nr_sectors: s.len >> 9,
-                flags,
-                _pad: 0,
-            };
-            entry.copy_from_slice(e.as_bytes());
-        }
+        write_block_status(&mut answer, &extents);
         // SAFETY: `page` is the request's one segment, a whole granted page
         // of the guest's memory mapped writable for this request (a
         // block-status answer fills its segment) and kept mapped by `mem`;

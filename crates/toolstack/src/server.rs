@@ -137,7 +137,10 @@ async fn serve(cfg: DaemonConfig) -> Result<(), DaemonError> {
             let h = Hierarchy::detect().ok_or_else(|| {
                 DaemonError::Config("no CPU cgroup controller on this host".into())
             })?;
-            Some(CpuGroup::open(&h, p.clone()).map_err(io_err(format!("cgroup {}", p.display())))?)
+            Some(
+                CpuGroup::open_or_recreate(&h, p.clone(), pvio_xenops::cgroup::DATAPATH_SHARES)
+                    .map_err(io_err(format!("cgroup {}", p.display())))?,
+            )
         }
     };
     let (xenops, mut events) = Xenops::start(XenopsConfig {

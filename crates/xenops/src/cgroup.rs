@@ -169,6 +169,21 @@ impl CpuGroup {
         &self.path
     }
 
+    /// Opens the group at `path`, creating it with `shares` if it is gone:
+    /// a top-level group is shared by every host on the machine, and
+    /// another host that stopped may have removed it since it was handed
+    /// over.
+    pub fn open_or_recreate(hierarchy: &Hierarchy, path: PathBuf, shares: u32) -> io::Result<Self> {
+        if path.starts_with(hierarchy.root()) && !path.exists() {
+            let g = CpuGroup {
+                hierarchy: hierarchy.clone(),
+                path: path.clone(),
+            };
+            g.recreate(shares)?;
+        }
+        Self::open(hierarchy, path)
+    }
+
     /// Opens an existing group by path (for callers handed a path).
     pub fn open(hierarchy: &Hierarchy, path: PathBuf) -> io::Result<Self> {
         if !path.starts_with(hierarchy.root()) || !path.is_dir() {

@@ -168,6 +168,37 @@ impl MiniHost {
         Ok(ChildGuard(child))
     }
 
+    /// Starts `pvio tapdisk` for a VBD and waits until it reaches InitWait
+    /// (ready for a frontend).
+    pub fn start_tapdisk_ready(&self, vbd: &Vbd, extra: &[&str]) -> anyhow::Result<ChildGuard> {
+        let tap = self.start_tapdisk(vbd, extra)?;
+        self.wait_for_value(
+            &format!("{}/state", vbd.backend),
+            "2",
+            Duration::from_secs(20),
+        )?;
+        Ok(tap)
+    }
+
+    /// Runs a `pvio guest --job SPEC --json` in domain `d` to its end and
+    /// returns its report; an error says how the guest failed.
+    pub fn run_job(&self, d: &CreatedDomain, job: &str) -> anyhow::Result<serde_json::Value> {
+        let out = self
+            .guest_command(d)?
+            .args(["--job", job, "--json"])
+            .output()
+            .context("running pvio guest")?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "guest job {job} failed: {}\nstdout: {stdout}\nstderr: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        serde_json::from_str(&stdout).with_context(|| format!("the guest's report: {stdout}"))
+    }
+
     /// The `pvio tapdisk` command line for a VBD, with `extra` arguments
     /// (the caller may add environment, such as `PVIO_CPUS`, and spawn it).
     pub fn tapdisk_command(&self, vbd: &Vbd, extra: &[&str]) -> anyhow::Result<Command> {

@@ -44,13 +44,15 @@ pub enum DeviceOp {
     Discard,
     /// Say what the range holds (holes, zeroes, data): the answer lands in
     /// the buffer, which must hold at least one page, in blkif's
-    /// `BlkifBlockStatus` layout (read it with [`parse_block_status`]); the
-    /// completion's length is how much of the range it describes (at least
-    /// one sector, maybe less than asked).
+    /// `BlkifBlockStatus` layout (read it with [`parse_block_status`]). It
+    /// may describe less than the range; the completion's length is the
+    /// range's.
     BlockStatus,
 }
 
-/// One extent of a [`DeviceOp::BlockStatus`] answer.
+/// What a range of a disk holds: one extent of a
+/// [`DeviceOp::BlockStatus`] answer, and of an image's
+/// [`Image::block_status`](crate::image::Image::block_status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatusExtent {
     /// Length in bytes.
@@ -61,10 +63,35 @@ pub struct StatusExtent {
     pub zero: bool,
 }
 
+impl StatusExtent {
+    /// Allocated, contents unknown.
+    pub fn data(len: u64) -> Self {
+        Self {
+            len,
+            hole: false,
+            zero: false,
+        }
+    }
+
+    /// Not allocated; reads as zeroes.
+    pub fn hole(len: u64) -> Self {
+        Self {
+            len,
+            hole: true,
+            zero: true,
+        }
+    }
+}
+
+/// Bytes of a block-status answer: one page, at the start of the buffer.
+pub const BLOCK_STATUS_ANSWER_BYTES: usize = 4096;
+
 /// Reads a block-status answer (blkif's `BlkifBlockStatus` entries, as
-/// the backend wrote them into `answer`): the extents, clipped so that
-/// they cover at most `len` bytes, ending at the first empty entry.
+/// the backend wrote them into the first [`BLOCK_STATUS_ANSWER_BYTES`] of
+/// `answer`): the extents, clipped so that they cover at most `len` bytes,
+/// ending at the first empty entry.
 pub fn parse_block_status(answer: &[u8], len: u64) -> Vec<StatusExtent> {
+    let answer = &answer[..answer.len().min(BLOCK_STATUS_ANSWER_BYTES)];
     use pvio_abi::blkif::{BlkifBlockStatus, BLKIF_BLOCK_STATUS_HOLE, BLKIF_BLOCK_STATUS_ZERO};
     use zerocopy::FromBytes;
     let mut out = Vec::new();
@@ -88,8 +115,11 @@ pub fn parse_block_status(answer: &[u8], len: u64) -> Vec<StatusExtent> {
 }
 
 /// Writes a block-status answer of `extents` into `answer` (the layout
-/// [`parse_block_status`] reads; at most as many as fit).
+/// [`parse_block_status`] reads; at most as many as fit in
+/// [`BLOCK_STATUS_ANSWER_BYTES`]).
 pub fn write_block_status(answer: &mut [u8], extents: &[StatusExtent]) {
+    let end = answer.len().min(BLOCK_STATUS_ANSWER_BYTES);
+    let answer = &mut answer[..end];
     use pvio_abi::blkif::{BlkifBlockStatus, BLKIF_BLOCK_STATUS_HOLE, BLKIF_BLOCK_STATUS_ZERO};
     use zerocopy::IntoBytes;
     let size = std::mem::size_of::<BlkifBlockStatus>();
@@ -231,7 +261,9 @@ pub fn check_request(
             info.size_bytes()
         )));
     }
-    if req.op == DeviceOp::BlockStatus && (req.buf >= buffers.0 || buffers.1 < 4096) {
+    if req.op == DeviceOp::BlockStatus
+        && (req.buf >= buffers.0 || buffers.1 < BLOCK_STATUS_ANSWER_BYTES)
+    {
         return Err(DeviceError::Invalid(format!(
             "block status needs a buffer of a page; there is no buffer {} of {} bytes",
             req.buf, buffers.1
@@ -307,7 +339,6 @@ impl BlockDevice for MemDevice {
     fn submit(&mut self, req: DeviceRequest) -> Result<(), DeviceError> {
         check_request(&self.info, (self.buffer_count(), self.buffer_size()), &req)?;
         let (o, n) = (req.offset as usize, req.len as usize);
-        let mut described = req.len;
         match req.op {
             DeviceOp::Read => self.bufs[req.buf][..n].copy_from_slice(&self.data[o..o + n]),
             DeviceOp::Write => self.data[o..o + n].copy_from_slice(&self.bufs[req.buf][..n]),
@@ -327,15 +358,13 @@ impl BlockDevice for MemDevice {
                         }),
                     }
                 }
-                extents.truncate(pvio_abi::blkif::BLKIF_BLOCK_STATUS_PER_PAGE);
-                described = extents.iter().map(|e| e.len as u32).sum();
                 write_block_status(&mut self.bufs[req.buf], &extents);
             }
         }
         let len = if req.op == DeviceOp::Flush {
             0
         } else {
-            described
+            req.len
         };
         self.done.push(DeviceCompletion {
             tag: req.tag,
@@ -363,6 +392,34 @@ impl BlockDevice for MemDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_status_answers_fill_one_page_and_are_read_back_clipped() {
+        // A full page of 256 entries, then bytes of an older use of the
+        // buffer that must not be read as more entries.
+        let mut buf = vec![0xffu8; 3 * BLOCK_STATUS_ANSWER_BYTES];
+        let many: Vec<StatusExtent> = (0..300)
+            .map(|i| {
+                if i % 2 == 0 {
+                    StatusExtent::hole(512)
+                } else {
+                    StatusExtent::data(1024)
+                }
+            })
+            .collect();
+        write_block_status(&mut buf, &many);
+        let back = parse_block_status(&buf, u64::MAX);
+        assert_eq!(back, many[..256]);
+        assert!(buf[BLOCK_STATUS_ANSWER_BYTES..].iter().all(|&b| b == 0xff));
+        // Fewer entries end with an empty one; the length clips the last.
+        write_block_status(&mut buf, &many[..3]);
+        assert_eq!(parse_block_status(&buf, u64::MAX), many[..3]);
+        assert_eq!(
+            parse_block_status(&buf, 1024),
+            [StatusExtent::hole(512), StatusExtent::data(512)]
+        );
+        assert!(parse_block_status(&buf, 0).is_empty());
+    }
 
     #[test]
     fn mem_device_round_trip_and_checks() {

@@ -12,20 +12,7 @@ fn host(tag: &str) -> MiniHost {
 }
 
 fn run_job(host: &MiniHost, d: &pvio_hv::CreatedDomain, job: &str) -> serde_json::Value {
-    let out = host
-        .guest_command(d)
-        .unwrap()
-        .args(["--job", job, "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "guest failed: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    host.run_job(d, job).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 #[test]
@@ -36,13 +23,7 @@ fn a_guest_writes_and_verifies_through_tapdisk() {
     let vbd = host
         .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
         .unwrap();
-    let _tap = host.start_tapdisk(&vbd, &[]).unwrap();
-    host.wait_for_value(
-        &format!("{}/state", vbd.backend),
-        "2",
-        Duration::from_secs(20),
-    )
-    .unwrap();
+    let _tap = host.start_tapdisk_ready(&vbd, &[]).unwrap();
     let r = run_job(
         &host,
         &d,
@@ -74,13 +55,7 @@ fn no_acknowledged_write_is_lost_across_a_backend_restart() {
     let vbd = host
         .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
         .unwrap();
-    let mut tap = host.start_tapdisk(&vbd, &[]).unwrap();
-    host.wait_for_value(
-        &format!("{}/state", vbd.backend),
-        "2",
-        Duration::from_secs(20),
-    )
-    .unwrap();
+    let mut tap = host.start_tapdisk_ready(&vbd, &[]).unwrap();
     let mut guest = host
         .guest_command(&d)
         .unwrap()
@@ -144,13 +119,7 @@ fn qemu_img_reads_and_writes_a_disk_through_the_nbd_export() {
     let vbd = host
         .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
         .unwrap();
-    let _tap = host.start_tapdisk(&vbd, &[]).unwrap();
-    host.wait_for_value(
-        &format!("{}/state", vbd.backend),
-        "2",
-        Duration::from_secs(20),
-    )
-    .unwrap();
+    let _tap = host.start_tapdisk_ready(&vbd, &[]).unwrap();
     let sock = host.dir.0.join("nbd.sock");
     let mut guest = host
         .guest_command(&d)

@@ -342,14 +342,8 @@ fn an_indirect_request_of_more_segments_than_one_io_takes_is_served() {
         .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
         .unwrap();
     let mut tap = host
-        .start_tapdisk(&vbd, &["--max-indirect-segments", "4096"])
+        .start_tapdisk_ready(&vbd, &["--max-indirect-segments", "4096"])
         .unwrap();
-    host.wait_for_value(
-        &format!("{}/state", vbd.backend),
-        "2",
-        Duration::from_secs(20),
-    )
-    .unwrap();
     let (rt, res, xs) = become_guest(&host, &d);
     let mut cfg = FrontendConfig::new(xvd_devid(0));
     cfg.buffers = 3;

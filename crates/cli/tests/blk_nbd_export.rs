@@ -50,13 +50,7 @@ impl Export {
         let vbd = host
             .add_vbd(d.domid, xvd_devid(0), &img, true, &[])
             .unwrap();
-        let tap = host.start_tapdisk(&vbd, tapdisk_args).unwrap();
-        host.wait_for_value(
-            &format!("{}/state", vbd.backend),
-            "2",
-            Duration::from_secs(20),
-        )
-        .unwrap();
+        let tap = host.start_tapdisk_ready(&vbd, tapdisk_args).unwrap();
         let sock = host.dir.0.join("nbd.sock");
         let mut guest = host
             .guest_command(&d)
@@ -174,6 +168,12 @@ fn ok(name: &str, args: &[&str]) -> String {
     let t = text(&o);
     assert!(o.status.success(), "{name} {args:?} failed:\n{t}");
     t
+}
+
+/// `qemu-img compare` of two raw images (files or NBD URIs): they must
+/// hold the same bytes.
+fn same(a: &str, b: &str) {
+    ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", a, b]);
 }
 
 /// qemu-io commands against the export; every command must succeed (qemu-io
@@ -373,41 +373,19 @@ fn qemu_img_convert_and_nbdcopy_write_sparse_images_into_the_export() {
         "qemu-img",
         &["convert", "-n", "-f", "raw", "-O", "raw", s, &uri],
     );
-    ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", s, &uri]);
+    same(s, &uri);
     // Overwrite with other data, then nbdcopy the sparse source in, with
     // extents (it zeroes or trims the holes on the export).
     qemu_io(&uri, &["write -P 0x44 0 64m".into()]);
     ok("nbdcopy", &[s, &uri]);
-    ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", s, &uri]);
+    same(s, &uri);
     // And back out again.
     let back = e.path("back.img");
     ok("nbdcopy", &[&uri, back.to_str().unwrap()]);
-    ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            s,
-            back.to_str().unwrap(),
-        ],
-    );
+    same(s, back.to_str().unwrap());
     assert_eq!(e.refused(), 0, "the tapdisk refused requests");
     e.stop_guest();
-    ok(
-        "qemu-img",
-        &[
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            s,
-            e.img.to_str().unwrap(),
-        ],
-    );
+    same(s, e.img.to_str().unwrap());
 }
 
 /// The `base:allocation` map of the export as `nbdinfo --map` prints it:
@@ -475,24 +453,6 @@ fn the_export_shows_the_holes_of_a_sparse_image() {
     );
 }
 
-/// Runs a job in the guest (blkfront directly, no NBD) and returns its report.
-fn job(host: &MiniHost, d: &pvio_hv::CreatedDomain, spec: &str) -> serde_json::Value {
-    let out = host
-        .guest_command(d)
-        .unwrap()
-        .args(["--job", spec, "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "job {spec}: {}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
-
 #[test]
 fn blkfront_jobs_whose_buffers_rotate_past_the_grant_cache_verify() {
     std::env::set_var("PVIO_BIN", env!("CARGO_BIN_EXE_pvio"));
@@ -519,15 +479,9 @@ fn blkfront_jobs_whose_buffers_rotate_past_the_grant_cache_verify() {
             .unwrap();
         // Indirect requests of up to 1,024 segments: 4 MiB per request.
         let _tap = host
-            .start_tapdisk(&vbd, &["--max-indirect-segments", "1024"])
+            .start_tapdisk_ready(&vbd, &["--max-indirect-segments", "1024"])
             .unwrap();
-        host.wait_for_value(
-            &format!("{}/state", vbd.backend),
-            "2",
-            Duration::from_secs(20),
-        )
-        .unwrap();
-        let r = job(&host, &d, spec);
+        let r = host.run_job(&d, spec).unwrap_or_else(|e| panic!("{e:#}"));
         for j in r["jobs"].as_array().unwrap() {
             assert_eq!(j["errors"].as_u64(), Some(0), "{spec}: {r}");
             assert_eq!(j["verify"]["failures"].as_u64(), Some(0), "{spec}: {r}");

@@ -54,6 +54,31 @@ impl Host {
         uuid
     }
 
+    /// A file SR at the default location; its uuid.
+    fn sr(&self) -> String {
+        self.create(&["sr-create", "name-label=local", "type=file"])
+    }
+
+    /// A VDI of `size` (as typed, e.g. `4MiB`) in SR `sr`; its uuid.
+    fn vdi(&self, sr: &str, name: &str, size: &str) -> String {
+        self.create(&[
+            "vdi-create",
+            &format!("sr-uuid={sr}"),
+            &format!("name-label={name}"),
+            &format!("virtual-size={size}"),
+        ])
+    }
+
+    /// A VBD of `vdi` in `vm` at `device`; its uuid.
+    fn vbd(&self, vm: &str, vdi: &str, device: u32) -> String {
+        self.create(&[
+            "vbd-create",
+            &format!("vm-uuid={vm}"),
+            &format!("vdi-uuid={vdi}"),
+            &format!("device={device}"),
+        ])
+    }
+
     /// Every object the toolstack holds, as the CLI prints it.
     fn objects(&self) -> String {
         ["sr", "vdi", "vm", "vbd"]
@@ -403,13 +428,8 @@ fn kill9(pid: u32) {
 #[test]
 fn a_tapdisk_killed_under_a_verifying_writer_is_replaced_and_one_that_keeps_dying_fails_the_vbd() {
     let h = Host::start("cli-supervise");
-    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
-    let vdi = h.create(&[
-        "vdi-create",
-        &format!("sr-uuid={sr}"),
-        "name-label=data",
-        "virtual-size=256MiB",
-    ]);
+    let sr = h.sr();
+    let vdi = h.vdi(&sr, "data", "256MiB");
     let sock = h.0.dir.0.join("nbd.sock");
     let vm = h.create(&[
         "vm-create",
@@ -417,12 +437,7 @@ fn a_tapdisk_killed_under_a_verifying_writer_is_replaced_and_one_that_keeps_dyin
         "memory=256MiB",
         &format!("workload=nbd:{}", sock.display()),
     ]);
-    let vbd = h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=0",
-    ]);
+    let vbd = h.vbd(&vm, &vdi, 0);
     h.ok(&["vm-start", &format!("uuid={vm}")]);
     h.wait("the NBD export appears", 30, || sock.exists());
     assert_eq!(h.vbd_param(&vbd, "tapdisk-restarts"), "0");
@@ -433,7 +448,8 @@ fn a_tapdisk_killed_under_a_verifying_writer_is_replaced_and_one_that_keeps_dyin
         .arg(format!("--uri=nbd+unix:///?socket={}", sock.display()))
         .args([
             "--rw=randwrite",
-            "--bs=64k",
+            // Sizes a filesystem's writes vary over, from one sector up.
+            "--bssplit=512/10:4k/30:64k/30:256k/20:1m/10",
             "--iodepth=16",
             "--size=128m",
             "--verify=crc32c",
@@ -568,20 +584,10 @@ fn a_second_daemon_on_a_running_hosts_socket_is_refused_and_the_host_lives_on() 
         .status()
         .expect("xenstore-exists (xenstore-utils)");
     assert!(xs.success(), "xenstored no longer answers");
-    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
-    let vdi = h.create(&[
-        "vdi-create",
-        &format!("sr-uuid={sr}"),
-        "name-label=d",
-        "virtual-size=4MiB",
-    ]);
+    let sr = h.sr();
+    let vdi = h.vdi(&sr, "d", "4MiB");
     let vm = h.create(&["vm-create", "name-label=after"]);
-    h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=0",
-    ]);
+    h.vbd(&vm, &vdi, 0);
     h.ok(&["vm-start", &format!("uuid={vm}")]);
     assert_eq!(h.param(&vm, "power-state"), "running");
     h.ok(&["vm-shutdown", &format!("uuid={vm}")]);
@@ -591,27 +597,12 @@ fn a_second_daemon_on_a_running_hosts_socket_is_refused_and_the_host_lives_on() 
 #[test]
 fn a_non_sharable_vdi_is_attached_once_even_to_the_same_vm() {
     let h = Host::start("cli-vdi-once");
-    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
-    let vdi = h.create(&[
-        "vdi-create",
-        &format!("sr-uuid={sr}"),
-        "name-label=d",
-        "virtual-size=4MiB",
-    ]);
+    let sr = h.sr();
+    let vdi = h.vdi(&sr, "d", "4MiB");
     let vm = h.create(&["vm-create", "name-label=twice"]);
-    let first = h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=0",
-    ]);
+    let first = h.vbd(&vm, &vdi, 0);
     // Two VBDs of one VDI in a halted VM: the start is refused.
-    let second = h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=1",
-    ]);
+    let second = h.vbd(&vm, &vdi, 1);
     let e = h.fails(&["vm-start", &format!("uuid={vm}")]);
     assert!(e.contains("VDI_IN_USE") || e.contains("in use"), "{e}");
     assert_eq!(h.vm_processes(), Vec::<String>::new());
@@ -630,12 +621,7 @@ fn a_non_sharable_vdi_is_attached_once_even_to_the_same_vm() {
     let vbds = h.ok(&["vbd-list", &format!("vm-uuid={vm}"), "--minimal"]);
     assert_eq!(vbds.trim(), first, "the refused VBD was created");
     h.ok(&["vbd-unplug", &format!("uuid={first}")]);
-    let spare = h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=3",
-    ]);
+    let spare = h.vbd(&vm, &vdi, 3);
     h.ok(&["vbd-plug", &format!("uuid={spare}")]);
     let e = h.fails(&["vbd-plug", &format!("uuid={first}")]);
     assert!(e.contains("VDI_IN_USE") || e.contains("in use"), "{e}");
@@ -664,7 +650,7 @@ fn host_param_list_counts_the_hosts_cpus() {
 #[test]
 fn bad_input_is_refused_up_front_in_the_clis_words() {
     let h = Host::start("cli-bad-input");
-    let sr = h.create(&["sr-create", "name-label=local", "type=file"]);
+    let sr = h.sr();
     let before = h.objects();
     let refused = |args: &[&str], words: &[&str]| {
         let e = h.fails(args);
@@ -743,19 +729,9 @@ fn bad_input_is_refused_up_front_in_the_clis_words() {
     let e = h.fails(&["vm-start", "vm=twin"]);
     assert!(e.contains("2 VMs match") && e.contains("--multiple"), "{e}");
     // A backend that dies says why once.
-    let vdi = h.create(&[
-        "vdi-create",
-        &format!("sr-uuid={sr}"),
-        "name-label=gone",
-        "virtual-size=4MiB",
-    ]);
+    let vdi = h.vdi(&sr, "gone", "4MiB");
     let vm = h.create(&["vm-create", "name-label=lost-disk"]);
-    h.create(&[
-        "vbd-create",
-        &format!("vm-uuid={vm}"),
-        &format!("vdi-uuid={vdi}"),
-        "device=0",
-    ]);
+    h.vbd(&vm, &vdi, 0);
     let loc = h.ok(&[
         "vdi-param-get",
         &format!("uuid={vdi}"),

@@ -271,17 +271,42 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// Why a VBD is about to be attached (VDI_IN_USE's `operation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attach {
+    /// `VM.start`: every VBD of the VM at once.
+    Start,
+    /// `VBD.plug`.
+    Plug,
+    /// `VBD.create` on a running VM (the VBD would be plugged next).
+    Create,
+}
+
+impl Attach {
+    fn as_str(self) -> &'static str {
+        match self {
+            Attach::Start => "start",
+            Attach::Plug => "plug",
+            Attach::Create => "create",
+        }
+    }
+}
+
 /// Whether attaching `vbd` would open its non-sharable VDI a second time
 /// with one of the two writable: another attached VBD of the VDI in a
-/// running VM (this VM's included), or, for a VM being started (`start`),
-/// another VBD of the same VM, since a start attaches them all.
-fn check_vdi_free(conn: &rusqlite::Connection, vbd: &VbdRecord, op: &str) -> Result<(), ApiError> {
+/// running VM (this VM's included), or, for a VM being started, another
+/// VBD of the same VM, since a start attaches them all.
+fn check_vdi_free(
+    conn: &rusqlite::Connection,
+    vbd: &VbdRecord,
+    why: Attach,
+) -> Result<(), ApiError> {
     let vdi = db::vdi(conn, &vbd.vdi)?;
     if vdi.sharable {
         return Ok(());
     }
     let writable = vbd.mode == VbdMode::RW && !vdi.read_only;
-    let starting = op == "start";
+    let starting = why == Attach::Start;
     for (other, state) in db::vbds_of_vdi(conn, &vbd.vdi)? {
         if other.uuid == vbd.uuid {
             continue;
@@ -292,7 +317,7 @@ fn check_vdi_free(conn: &rusqlite::Connection, vbd: &VbdRecord, op: &str) -> Res
         }
         let attached = other.currently_attached && state == PowerState::Running;
         if attached || (starting && other.vm == vbd.vm) {
-            return Err(ApiError::vdi_in_use(&vbd.vdi, op));
+            return Err(ApiError::vdi_in_use(&vbd.vdi, why.as_str()));
         }
     }
     Ok(())
@@ -821,7 +846,7 @@ impl Toolstack {
                 }
                 let mut vbds = Vec::new();
                 for vbd in db::vbds_of_vm(c, &u)? {
-                    check_vdi_free(c, &vbd, "start")?;
+                    check_vdi_free(c, &vbd, Attach::Start)?;
                     vbds.push(vbd_spec(c, &vbd)?);
                 }
                 Ok(VmSpec {
@@ -919,7 +944,8 @@ impl Toolstack {
                 restarts,
                 status,
             } => {
-                tracing::warn!(vm = %uuid, devid, restarts, "a VBD's tapdisk died ({status}) and was restarted");
+                // xenops logged the death, with the VM's name, at warn.
+                tracing::debug!(vm = %uuid, devid, restarts, "tapdisk restarted after {status}");
                 self.record_vbd_health(uuid, devid, Some(restarts), None)
                     .await;
             }
@@ -928,7 +954,8 @@ impl Toolstack {
                 devid,
                 reason,
             } => {
-                tracing::error!(vm = %uuid, devid, "a VBD failed: {reason}");
+                // xenops logged why, with the VM's name, at error.
+                tracing::debug!(vm = %uuid, devid, "VBD failed: {reason}");
                 self.record_vbd_health(uuid, devid, None, Some(reason))
                     .await;
             }
@@ -1021,7 +1048,7 @@ impl Toolstack {
             // A running VM's new VBD of a VDI that is attached already (to
             // this VM or another) could only be plugged to open it twice.
             if db::power_state(tx, &vm)? == PowerState::Running {
-                check_vdi_free(tx, &db::vbd(tx, &u)?, "create")?;
+                check_vdi_free(tx, &db::vbd(tx, &u)?, Attach::Create)?;
             }
             Ok(())
         })
@@ -1073,7 +1100,7 @@ impl Toolstack {
                 if vbd.currently_attached {
                     return Err(ApiError::device_already_attached(&vbd.uuid));
                 }
-                check_vdi_free(c, &vbd, "plug")?;
+                check_vdi_free(c, &vbd, Attach::Plug)?;
                 let spec = vbd_spec(c, &vbd)?;
                 Ok((vbd, spec))
             })

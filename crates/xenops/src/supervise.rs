@@ -45,8 +45,6 @@ pub struct Tapdisk {
     launch: TapdiskLaunch,
     /// The VBD is being unplugged: a death is expected.
     stopping: Cell<bool>,
-    restarts: Cell<u32>,
-    failed: RefCell<Option<String>>,
 }
 
 impl Tapdisk {
@@ -56,8 +54,6 @@ impl Tapdisk {
             current: RefCell::new(first),
             launch,
             stopping: Cell::new(false),
-            restarts: Cell::new(0),
-            failed: RefCell::new(None),
         }
     }
 
@@ -73,16 +69,6 @@ impl Tapdisk {
     /// How the current process exited, if it did.
     pub fn exit_status(&self) -> Option<ExitStatus> {
         self.current.borrow().exit_status()
-    }
-
-    /// Restarts since the VBD was plugged.
-    pub fn restarts(&self) -> u32 {
-        self.restarts.get()
-    }
-
-    /// Why the tapdisk was given up on, if it was.
-    pub fn failed(&self) -> Option<String> {
-        self.failed.borrow().clone()
     }
 
     /// From now on a death is an unplug, not a crash.
@@ -144,6 +130,7 @@ pub struct Supervised {
 /// Runs as a local task of the engine.
 pub async fn supervise(s: Supervised) {
     let mut deaths = DeathLog::default();
+    let mut restarts = 0u32;
     loop {
         let st = s.tapdisk.proc().wait().await;
         if s.tapdisk.stopping() || (s.vm_stopping)() {
@@ -162,7 +149,6 @@ pub async fn supervise(s: Supervised) {
                 RESTART_WINDOW.as_secs()
             );
             tracing::error!(vm = %s.vm, devid = s.devid, "giving up on the tapdisk: {reason}");
-            *s.tapdisk.failed.borrow_mut() = Some(reason.clone());
             mark_failed(&s.xs, &s.backend, &reason).await;
             (s.notify)(TapdiskEvent::Failed { reason });
             return;
@@ -193,8 +179,7 @@ pub async fn supervise(s: Supervised) {
                 continue;
             }
         }
-        let restarts = s.tapdisk.restarts.get() + 1;
-        s.tapdisk.restarts.set(restarts);
+        restarts += 1;
         (s.notify)(TapdiskEvent::Restarted {
             restarts,
             status: st.to_string(),

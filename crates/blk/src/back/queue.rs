@@ -35,7 +35,7 @@ use super::grants::{GrantError, GrantMapper};
 use super::metrics::QueueMetrics;
 use super::refusal_log::RefusalLog;
 use super::waiter::{WaitError, Waiter};
-use crate::device::{write_block_status, StatusExtent};
+use crate::device::write_block_status;
 use crate::engine::{Completion, CompletionError, Engine, FileId, IoBuf, MAX_BUFFERS};
 use crate::image::{Extent, Image, MapOp, MapOutcome};
 use crate::request::{error_response, Operation, Request, RequestError};
@@ -564,6 +564,11 @@ impl Queue {
     /// answer page (`BLKIF_OP_PVIO_BLOCK_STATUS`); the response's status.
     fn answer_block_status(&mut self, req: &Request, bufs: &[IoBuf]) -> i16 {
         let Some(page) = bufs.first().filter(|b| b.len == XEN_PAGE_SIZE) else {
+            // Request::parse admits only one whole page; never expected.
+            QueueMetrics::add(&self.metrics.invalid, 1);
+            self.refusals.warn(self.index, "block_status", || {
+                format!("block status {}: the answer is not one page", req.id())
+            });
             return BLKIF_RSP_ERROR;
         };
         let offset = req.disk_offset();
@@ -579,16 +584,8 @@ impl Queue {
             });
             return BLKIF_RSP_ERROR;
         }
-        let extents: Vec<StatusExtent> = found
-            .iter()
-            .map(|s| StatusExtent {
-                len: s.len,
-                hole: !s.allocated,
-                zero: s.zeroes,
-            })
-            .collect();
         let mut answer = [0u8; XEN_PAGE_SIZE];
-        write_block_status(&mut answer, &extents);
+        write_block_status(&mut answer, &found);
         // SAFETY: `page` is the request's one segment, a whole granted page
         // of the guest's memory mapped writable for this request (a
         // block-status answer fills its segment) and kept mapped by `mem`;

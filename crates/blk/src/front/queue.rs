@@ -31,8 +31,7 @@ use rustix::event::{PollFd, PollFlags};
 use zerocopy::IntoBytes;
 
 use crate::device::{
-    check_request, parse_block_status, BlockDevice, DeviceCompletion, DeviceError, DeviceOp,
-    DeviceRequest, DiskInfo,
+    check_request, BlockDevice, DeviceCompletion, DeviceError, DeviceOp, DeviceRequest, DiskInfo,
 };
 
 /// A request in flight, kept so it can be pushed again after a reconnect.
@@ -41,8 +40,6 @@ pub(crate) struct Inflight {
     pub tag: u64,
     pub op: DeviceOp,
     pub len: u32,
-    /// The buffer a block-status answer lands in.
-    pub buf: usize,
     /// The slot as pushed (its indirect pages stay in guest memory).
     pub slot: BlkifRequest,
 }
@@ -143,7 +140,6 @@ impl BlkQueue {
             tag,
             op: DeviceOp::Read,
             len: 0,
-            buf: 0,
             slot,
         });
         Ok(())
@@ -275,19 +271,15 @@ impl BlkQueue {
             };
             st.free_ids.push(id as u32);
             let result = match rsp.status {
-                BLKIF_RSP_OKAY => match f.op {
-                    DeviceOp::Flush => Ok(0),
-                    DeviceOp::Read | DeviceOp::Write | DeviceOp::Discard => Ok(f.len),
-                    DeviceOp::BlockStatus => {
-                        let answer = &self.buffer(f.buf)[..PAGE];
-                        let extents = parse_block_status(answer, u64::from(f.len));
-                        match extents.iter().map(|e| e.len).sum::<u64>() {
-                            // An answer that describes nothing is broken.
-                            0 => Err(DeviceError::Io),
-                            n => Ok(n as u32),
-                        }
-                    }
-                },
+                BLKIF_RSP_OKAY => Ok(match f.op {
+                    DeviceOp::Flush => 0,
+                    // A block-status answer is in its buffer; its reader
+                    // parses it (once).
+                    DeviceOp::Read
+                    | DeviceOp::Write
+                    | DeviceOp::Discard
+                    | DeviceOp::BlockStatus => f.len,
+                }),
                 BLKIF_RSP_EOPNOTSUPP => Err(DeviceError::NotSupported),
                 _ => Err(DeviceError::Io),
             };
@@ -363,7 +355,6 @@ impl BlockDevice for BlkQueue {
             tag: req.tag,
             op: req.op,
             len: req.len,
-            buf: req.buf,
             slot,
         });
         Ok(())

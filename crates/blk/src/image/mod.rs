@@ -24,6 +24,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::device::StatusExtent;
+
 pub use direct::{AlignedBuf, DirectIo};
 pub use error::ImageError;
 pub use raw::{RawImage, RawOptions};
@@ -107,36 +109,6 @@ impl Extent {
     }
 }
 
-/// What a range of the disk holds, for block-status queries: `len` bytes
-/// that are allocated in the image (data) or not (a hole), and whether they
-/// are known to read as zeroes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Status {
-    pub len: u64,
-    pub allocated: bool,
-    pub zeroes: bool,
-}
-
-impl Status {
-    /// Allocated, contents unknown.
-    pub fn data(len: u64) -> Self {
-        Self {
-            len,
-            allocated: true,
-            zeroes: false,
-        }
-    }
-
-    /// Not allocated, reads as zeroes.
-    pub fn hole(len: u64) -> Self {
-        Self {
-            len,
-            allocated: false,
-            zeroes: true,
-        }
-    }
-}
-
 /// Whether [`Image::map`] could map the whole range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MapOutcome {
@@ -188,8 +160,8 @@ pub trait Image: Send + Sync + std::fmt::Debug {
         out: &mut Vec<Extent>,
     ) -> Result<MapOutcome, ImageError>;
 
-    /// What `len` bytes at `offset` hold, as consecutive [`Status`]
-    /// extents appended to `out` (blocking, metadata only): at most
+    /// What `len` bytes at `offset` hold, as consecutive [`StatusExtent`]s
+    /// appended to `out` (blocking, metadata only): at most
     /// `max_extents` of them, which may then cover less than `len`. Every
     /// extent's length is a multiple of 512. The default says the whole
     /// range is allocated, which is always true enough.
@@ -198,11 +170,11 @@ pub trait Image: Send + Sync + std::fmt::Debug {
         offset: u64,
         len: u64,
         max_extents: usize,
-        out: &mut Vec<Status>,
+        out: &mut Vec<StatusExtent>,
     ) -> Result<(), ImageError> {
         check_range(self, offset, len)?;
         if len > 0 && max_extents > 0 {
-            out.push(Status::data(len));
+            out.push(StatusExtent::data(len));
         }
         Ok(())
     }

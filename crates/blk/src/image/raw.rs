@@ -8,7 +8,8 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
 use super::direct::{dio_alignment, probe_read, DirectIo};
-use super::{check_range, Extent, Image, ImageError, ImageFile, MapOp, MapOutcome, Status};
+use super::{check_range, Extent, Image, ImageError, ImageFile, MapOp, MapOutcome};
+use crate::device::StatusExtent;
 
 /// How to open a raw image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -237,7 +238,7 @@ impl Image for RawImage {
         offset: u64,
         len: u64,
         max_extents: usize,
-        out: &mut Vec<Status>,
+        out: &mut Vec<StatusExtent>,
     ) -> Result<(), ImageError> {
         check_range(self, offset, len)?;
         let f = &self.files[0];
@@ -256,25 +257,24 @@ impl Image for RawImage {
                 )),
             }
         };
+        let first = out.len();
         let mut at = offset;
-        let limit = max_extents.min(usize::MAX - 1);
-        while at < end && out.len() < limit {
+        while at < end && out.len() - first < max_extents {
             let Some(data) = seek(rustix::fs::SeekFrom::Data(at))? else {
-                out.push(Status::data(end - at));
+                out.push(StatusExtent::data(end - at));
                 break;
             };
             let data = (data.min(end) / 512 * 512).max(at);
             if data > at {
-                out.push(Status::hole(data - at));
+                out.push(StatusExtent::hole(data - at));
                 at = data;
                 continue;
             }
-            let hole = match seek(rustix::fs::SeekFrom::Hole(at))? {
-                Some(h) => h.min(end).div_ceil(512) * 512,
-                None => end,
-            };
-            let hole = hole.min(end).max((at + 512).min(end));
-            out.push(Status::data(hole - at));
+            // At least one sector of data, rounded up, never past `end`.
+            let hole = seek(rustix::fs::SeekFrom::Hole(at))?
+                .map_or(end, |h| h.div_ceil(512) * 512)
+                .clamp((at + 512).min(end), end);
+            out.push(StatusExtent::data(hole - at));
             at = hole;
         }
         Ok(())
@@ -345,8 +345,8 @@ mod tests {
         let mut at = 0;
         let mut data = Vec::new();
         for s in &out {
-            assert_eq!(s.allocated, !s.zeroes, "{out:?}");
-            if s.allocated {
+            assert_eq!(s.hole, s.zero, "{out:?}");
+            if !s.hole {
                 data.push((at, at + s.len));
             }
             at += s.len;
@@ -354,12 +354,12 @@ mod tests {
         let covered = |o: u64| data.iter().any(|&(a, b)| a <= o && o < b);
         assert!(covered(M) && covered(M + 4095), "{out:?}");
         assert!(covered(4 * M) && covered(7 * M - 1), "{out:?}");
-        assert_eq!(out[0], Status::hole(M), "{out:?}");
+        assert_eq!(out[0], StatusExtent::hole(M), "{out:?}");
         assert!(!covered(7 * M + 4096), "{out:?}");
         // A range in the middle of a data extent, and a cap on the count.
         out.clear();
         img.block_status(5 * M, 512, 64, &mut out).unwrap();
-        assert_eq!(out, [Status::data(512)]);
+        assert_eq!(out, [StatusExtent::data(512)]);
         out.clear();
         img.block_status(0, 8 * M, 2, &mut out).unwrap();
         assert_eq!(out.len(), 2);

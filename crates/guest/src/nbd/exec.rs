@@ -459,6 +459,7 @@ impl<'a, D: BlockDevice + ?Sized, W: Write> Executor<'a, D, W> {
                 }
                 (DeviceOp::BlockStatus, Some(b)) => {
                     a.extents = parse_block_status(self.dev.buffer(b), u64::from(n.min(sub.len)));
+                    // An answer that describes nothing is broken.
                     if a.extents.is_empty() {
                         a.errno = EIO;
                     }
